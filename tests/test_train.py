@@ -1,0 +1,124 @@
+"""End-to-end: the trainer on the toy model. Run: python -m pytest -q tests/test_train.py
+
+Small runs (M = 8 prompts, G = 4, a 32-problem pool revisited every 4 steps so pass rates exist
+from step 5 on) keep each run to a few seconds on one CPU core.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
+         "--eval-every", "0", "--no-progress", "--max-budget", "12"]
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("allocator", ["uniform", "knapsack", "coba", "coba-released"])
+def test_each_allocator_trains_and_logs(tmp_path, toy_model_dir, allocator):
+    summary = train.main(SMALL + ["--steps", "8", "--allocator", allocator, "--output-dir", str(tmp_path)])
+    log = read_log(tmp_path)
+    assert log[0]["type"] == "config" and log[0]["allocator"] == allocator
+    steps = [r for r in log if r["type"] == "train"]
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    for r in steps:
+        # B_total = M * G = 32, every B_i in [B_low, B_up] = [2, 12]
+        assert sum(r["budgets"]) == 32 and len(r["budgets"]) == 8
+        assert all(2 <= b <= 12 for b in r["budgets"])
+        assert 0.0 <= r["reward"] <= 1.0 and 0.0 <= r["F_t"] <= 1.0
+        assert abs(r["alpha_t"] + r["beta_t"] - 11.0) < 1e-9  # kappa (eq. 7)
+        for key in ("loss", "clip_frac", "kl", "ratio_mean", "entropy", "zero_signal_groups", "tau"):
+            assert key in r
+    # The 32-problem pool is revisited from step 5: the first epoch is uniform (no pass rates yet).
+    assert all(r["budgets"] == [4] * 8 for r in steps[:4])
+    if allocator != "uniform":
+        assert any(r["budgets"] != [4] * 8 for r in steps[4:]), "CoBA/knapsack never reallocated"
+        assert steps[4]["seen"] == 8
+    assert steps[-1]["rollouts"] == 8 * 32
+    assert summary["type"] == "summary" and 0.0 <= summary["heldout_acc_end"] <= 1.0
+    assert (tmp_path / "checkpoint" / "trainer_state.pt").exists()
+
+
+def test_ctrl_c_then_resume_continues_exactly(tmp_path, toy_model_dir, monkeypatch):
+    """A real SIGINT during step 3: the step finishes, a checkpoint is written, and --resume then
+    gives the same budgets, rewards and losses for steps 4-6 as a run that was never interrupted."""
+    args = SMALL + ["--steps", "6", "--save-every", "100"]
+    ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
+    train.main(args + ["--output-dir", str(ref_dir)])
+    ref = [r for r in read_log(ref_dir) if r["type"] == "train"]
+
+    real_rewards, calls = train.verify.rewards, {"n": 0}
+
+    def rewards_then_ctrl_c(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1 + 3:  # 1 call for the start eval, then one per step: interrupt step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_rewards(*a, **kw)
+
+    monkeypatch.setattr(train.verify, "rewards", rewards_then_ctrl_c)
+    result = train.main(args + ["--output-dir", str(cut_dir)])
+    monkeypatch.setattr(train.verify, "rewards", real_rewards)
+    assert result == {"interrupted": True, "step": 3}
+    assert [r["step"] for r in read_log(cut_dir) if r["type"] == "train"] == [1, 2, 3]
+
+    train.main(args + ["--output-dir", str(cut_dir), "--resume"])
+    resumed = [r for r in read_log(cut_dir) if r["type"] == "train"]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(ref, resumed):
+        assert a["budgets"] == b["budgets"] and a["prompt_idx"] == b["prompt_idx"]
+        assert a["reward"] == b["reward"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_bad_input_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--total-budget", "10", "--prompts-per-step", "8", "--min-budget", "2"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "total" in err.lower() and "budget" in err.lower()
+    with pytest.raises(SystemExit):
+        train.main(["--schedule", "fixed:1"])
+    assert "fixed" in capsys.readouterr().err
+    missing = train.argparse.Namespace(model=str(tmp_path / "no-such-model"), no_progress=True,
+                                       gradient_checkpointing=False)
+    with pytest.raises(SystemExit, match="cannot load model .*no-such-model.*local model directory"):
+        train.load_model_and_tokenizer(missing, train.torch.device("cpu"), train.torch.float32)
+
+
+def test_local_dataset_file_and_missing_column(tmp_path, toy_model_dir):
+    data = tmp_path / "arith.jsonl"
+    data.write_text("".join(json.dumps({"q": f"{a}+{a}=", "a": str(2 * a)}) + "\n" for a in range(40)))
+    args = train.build_parser().parse_args(["--dataset", str(data), "--question-field", "q",
+                                            "--answer-field", "a", "--eval-size", "8",
+                                            "--prompts-per-step", "4"])
+    args.prompt_template, args.model = "{question}", "toy"
+    train_set, evals = train.load_data(args)
+    assert len(train_set) == 32 and len(evals["heldout"]) == 8
+    assert all(r["answer"] == str(2 * int(r["question"].split("+")[0])) for r in train_set)
+    args.question_field = "question"
+    with pytest.raises(SystemExit, match=r"no column 'question' \(columns: a, q\): pass --question-field"):
+        train.load_data(args)
+
+
+def test_reference_answer_extraction():
+    assert train.reference_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == "72"
+    assert train.reference_answer("so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
+    assert train.reference_answer(" 17 ") == "17"
+
+
+def test_default_command_runs_offline(tmp_path, toy_model_dir):
+    """`python train.py --steps 2` with every other flag at its default exits 0 without a network."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "train.py", "--steps", "2", "--output-dir", str(tmp_path),
+                           "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "held-out greedy accuracy" in proc.stdout
+    assert (tmp_path / "log.jsonl").exists()
