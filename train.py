@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-std-scaling", action="store_true", help="Dr. GRPO: advantages not divided by group std")
     g.add_argument("--num-mini-batches", type=int, default=2, help="optimizer steps per RL step (paper 2)")
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    g.add_argument("--optim", choices=["adamw", "adamw8bit"], default="adamw",
+                   help="adamw8bit: bitsandbytes' 8-bit AdamW (GPU, if installed): ~6 bytes/param less")
     g.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (memory)")
     g = ap.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper 1.0)")
@@ -331,7 +333,7 @@ def load_data(args) -> tuple[list[dict], dict[str, list[dict]]]:
 
 
 def format_prompt(question: str, tokenizer, args) -> str:
-    text = args.prompt_template.format(question=question)
+    text = args.prompt_template.replace("{question}", question)  # not .format: \boxed{} has braces
     use_chat = args.prompt_format == "chat" or (
         args.prompt_format == "auto" and args.model != "toy" and tokenizer.chat_template)
     if use_chat:
@@ -564,6 +566,18 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def make_optimizer(model, args):
+    """AdamW (paper App. C), or bitsandbytes' 8-bit AdamW to halve optimizer memory on a GPU."""
+    if args.optim == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
+                             "CUDA only): or use --optim adamw")
+        return bnb.optim.AdamW8bit(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    return torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+
+
 def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
                     args, counters: dict) -> None:
     """Write OUTPUT_DIR/checkpoint atomically (tmp dir + rename): a crash mid-save keeps the old one."""
@@ -637,7 +651,7 @@ def train(args) -> dict:
     ref_model = None
     if args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
         ref_model = load_model_and_tokenizer(args, device, model.dtype)[0].eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    optimizer = make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / args.warmup_lr_steps) if args.warmup_lr_steps else 1.0)
     tracker = coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
@@ -654,7 +668,10 @@ def train(args) -> dict:
         model.load_state_dict(AutoModelForCausalLM.from_pretrained(ckpt, dtype=model.dtype).state_dict())
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        tracker.load_state_dict(state["tracker"])
+        try:
+            tracker.load_state_dict(state["tracker"])
+        except ValueError as e:  # resumed with other --kappa/--schedule/...: say so, in one line
+            raise SystemExit(f"error: cannot resume from {ckpt}: {e}")
         sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         counters, start = state["counters"], state["step"]
@@ -702,11 +719,13 @@ def train(args) -> dict:
             group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,)
             prompts = [format_prompt(train_set[j]["question"], tokenizer, args) for j in prompt_idx]
             rows = [prompts[i] for i in group_ids.tolist()]
+            t_gen = time.time()
             if generator is not None:
                 completion_ids = generator.generate(rows, args.max_completion_length, args.temperature, args.top_p)
             else:
                 completion_ids = hf_generate(model, tokenizer, rows, args.max_completion_length,
                                              args.temperature, args.top_p, args.generation_batch_size)
+            gen_seconds = time.time() - t_gen
             # 4. binary verifiable rewards
             texts = decode(tokenizer, completion_ids)
             vstats = verify.VerifyStats()
@@ -742,6 +761,7 @@ def train(args) -> dict:
                 "seen": int(np.sum(seen)), "group_reward": [round(r, 4) for r in group_reward],
                 "prompt_idx": prompt_idx, "lr": scheduler.get_last_lr()[0],
                 "completion_length": float(cmask.sum(1).float().mean()),
+                "completion_tokens": int(cmask.sum()), "gen_seconds": round(gen_seconds, 3),
                 "verify_timeouts": vstats.timeouts, "verify_errors": vstats.errors, **metrics,
             }
             write(record)
