@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
     g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
-    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 weights (default: on GPU)")
+    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 mixed precision: fp32 master weights, bf16 autocast for every forward (default: on GPU). "
+                   "Pure bf16 weights would round AdamW's ~1e-6 updates away (bf16 keeps ~3 digits)")
     g.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     return ap
@@ -430,7 +431,7 @@ class VLLMGenerator:
         self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                             enable_sleep_mode=args.vllm_enable_sleep_mode, seed=args.seed,
                             max_model_len=4096 + args.max_completion_length,
-                            dtype="bfloat16" if args.bf16 is not False else "float32")
+                            dtype="bfloat16")
         self.sleep_mode = args.vllm_enable_sleep_mode
         if self.sleep_mode:
             self.llm.sleep(level=1)  # level 1: drop the KV cache, keep weights in CPU memory
@@ -510,10 +511,17 @@ def decode(tokenizer, ids: list[list[int]]) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Policy update: GRPO on ragged groups, split into mini-batches (paper: 2 optimizer steps a step)
 # ----------------------------------------------------------------------------------------------
-def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0) -> dict:
+def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
+                  autocast=contextlib.nullcontext) -> dict:
+    """GRPO on one step's rollouts: `num_mini_batches` optimizer steps over a shuffled split of the
+    N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
     N, T = cmask.shape
-    mb = lambda rows, m, **kw: grpo.per_token_logps(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
+
+    def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
+        with autocast():
+            return grpo.per_token_logps(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
+
     rows_all = torch.arange(N)
     micro = args.micro_batch_size
     old_logps = ref_logps = None
@@ -647,10 +655,13 @@ def train(args) -> dict:
 
     # --- setup: data, model, optimizer, tracker -------------------------------------------------
     train_set, eval_sets = load_data(args)
-    model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)
+    # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
+    model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+    amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     ref_model = None
     if args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
-        ref_model = load_model_and_tokenizer(args, device, model.dtype)[0].eval().requires_grad_(False)
+        ref_model = load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0]
+        ref_model.eval().requires_grad_(False)  # frozen: bf16 weights are enough for log-probs
     optimizer = make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / args.warmup_lr_steps) if args.warmup_lr_steps else 1.0)
@@ -692,7 +703,9 @@ def train(args) -> dict:
     def run_eval(step: int) -> dict:
         record = {"type": "eval", "step": step, "rollouts": counters["rollouts"]}
         for name, records in eval_sets.items():
-            for key, value in evaluate(model, tokenizer, records, args, generator).items():
+            with amp():
+                results = evaluate(model, tokenizer, records, args, generator)
+            for key, value in results.items():
                 record[f"{name}_{key}"] = value
         write(record)
         return record
@@ -723,8 +736,9 @@ def train(args) -> dict:
             if generator is not None:
                 completion_ids = generator.generate(rows, args.max_completion_length, args.temperature, args.top_p)
             else:
-                completion_ids = hf_generate(model, tokenizer, rows, args.max_completion_length,
-                                             args.temperature, args.top_p, args.generation_batch_size)
+                with amp():
+                    completion_ids = hf_generate(model, tokenizer, rows, args.max_completion_length,
+                                                 args.temperature, args.top_p, args.generation_batch_size)
             gen_seconds = time.time() - t_gen
             # 4. binary verifiable rewards
             texts = decode(tokenizer, completion_ids)
@@ -742,7 +756,7 @@ def train(args) -> dict:
             batch = {"input_ids": ids.to(device), "attention_mask": attn.to(device),
                      "completion_mask": cmask.to(device), "advantages": advantages.to(device)}
             metrics = policy_update(model, optimizer, scheduler, batch, args, ref_model,
-                                    gen_seed=args.seed * 1_000_003 + step)
+                                    gen_seed=args.seed * 1_000_003 + step, autocast=amp)
             if generator is not None:
                 generator.sync_weights(model)
             # 8. log
