@@ -122,3 +122,17 @@ def test_default_command_runs_offline(tmp_path, toy_model_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "held-out greedy accuracy" in proc.stdout
     assert (tmp_path / "log.jsonl").exists()
+
+
+def test_avg_at_k_and_pass_at_k_are_logged(tmp_path, toy_model_dir):
+    """--eval-samples k: the paper's avg@k (mean accuracy of k samples at T = 1.0, top-p 0.9) and
+    pass@k (any of the k right) beside greedy accuracy; pass@k >= avg@k by definition."""
+    train.main(SMALL + ["--steps", "1", "--eval-samples", "3", "--schedule", "linear-decay",
+                        "--output-dir", str(tmp_path)])
+    evals = [r for r in read_log(tmp_path) if r["type"] == "eval"]
+    assert len(evals) == 2  # before and after training
+    for r in evals:
+        assert 0 <= r["heldout_avg@3"] <= r["heldout_pass@3"] <= 1
+        assert r["heldout_avg@3"] * 16 * 3 == round(r["heldout_avg@3"] * 16 * 3)  # 16 problems x 3 samples
+    step = next(r for r in read_log(tmp_path) if r["type"] == "train")
+    assert (step["alpha_t"], step["beta_t"]) == (10.0, 1.0)  # linear-decay starts at alpha = kappa - 1
