@@ -408,14 +408,16 @@ def allocate_budgets(allocator: str, pass_rates, seen, total_budget, min_budget,
         C, k = coba.capability_value_coeffs(p, alpha_t, beta_t, tau)
         return allocate_threshold(C, k, total_budget, lo, hi)
     if allocator == "coba":
-        return allocate(lambda B: coba.capability_value(B, p, alpha_t, beta_t, tau), M, total_budget, lo, hi)
+        V = coba.value_function("coba", alpha_t, beta_t, tau)
+        return allocate(lambda B: V(B, p), M, total_budget, lo, hi)
     # knapsack: p_hat in {0, 1} has value 0 at any budget; Knapsack-RL leaves such prompts at B_low
     budgets = np.full(M, lo)  # (M,)
     informative = (p > 0) & (p < 1)
     n_inf, surplus = int(informative.sum()), int(total_budget) - M * lo
     to_heap = min(surplus, n_inf * (hi - lo))
     if to_heap > 0:
-        budgets[informative] = allocate(lambda B: coba.knapsack_value(B, p[informative]), n_inf,
+        V = coba.value_function("knapsack")
+        budgets[informative] = allocate(lambda B: V(B, p[informative]), n_inf,
                                         n_inf * lo + to_heap, lo, hi)
     # ours: if the informative prompts are all at B_up, the rest is spread evenly over p in {0, 1}
     _split_proportional(budgets, ~informative, np.ones(M), surplus - to_heap, hi)

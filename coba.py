@@ -34,7 +34,8 @@ Departures and choices (method.md is the reference for each):
   (7) Knapsack-RL's value (Li et al. 2025, arXiv 2509.25849) is clipped at 0 for B = 0, where
       its formula gives -p(1-p)^2 because 0^0 = 1 (ours; a zero budget has no gradient).
   (8) Uniform GRPO is also written as a value, 1 - 2^-B for every prompt (ours), so that
-      `--allocator {uniform,knapsack,coba}` all go through `value_function`.
+      `value_function` covers `--allocator {uniform,knapsack,coba}` with one signature; allocate.py
+      takes knapsack/coba values from it (uniform has the shortcut `allocate.uniform_budgets`).
   (9) Resuming checks that the tracker's flags (window, prior, gamma, kappa, schedule) match the
       checkpoint's, else a one-line error (ours; `strict=False` takes the data and keeps the flags).
 

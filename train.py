@@ -732,6 +732,9 @@ def train(args) -> dict:
             group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,)
             prompts = [format_prompt(train_set[j]["question"], tokenizer, args) for j in prompt_idx]
             rows = [prompts[i] for i in group_ids.tolist()]
+            # tokenised once per prompt (M), not per rollout (N), for the loss's input ids
+            prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+            prompt_tok = [prompt_tok_m[i] for i in group_ids.tolist()]
             t_gen = time.time()
             if generator is not None:
                 completion_ids = generator.generate(rows, args.max_completion_length, args.temperature, args.top_p)
@@ -751,7 +754,6 @@ def train(args) -> dict:
             tracker.update(prompt_idx, successes.tolist(), budgets)
             # 6. group advantages on ragged groups; 7. clipped surrogate, mini-batch steps
             advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
-            prompt_tok = tokenizer(rows, add_special_tokens=False)["input_ids"]
             ids, attn, cmask = collate(prompt_tok, completion_ids, pad)
             batch = {"input_ids": ids.to(device), "attention_mask": attn.to(device),
                      "completion_mask": cmask.to(device), "advantages": advantages.to(device)}
