@@ -8,7 +8,7 @@ One step of the loop below, in the order of method.md §3:
 
     1. sample M prompts                     (PromptSampler)
     2. allocate B_i from (p_i, alpha_t, beta_t, tau)   -> allocate.allocate_budgets  (Algorithm 1)
-    3. generate B_i completions per prompt  (HF generate; vLLM on GPU when installed)
+    3. generate B_i completions per prompt  (rollout.py: HF generate; vLLM on GPU)
     4. reward each completion               -> verify.rewards  (binary, RLVR)
     5. update pass rates and F_t            -> coba.CapabilityTracker.update  (eqs. 1, 4)
     6. group advantages (ragged groups)     -> grpo.group_advantages
@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
-import os
 import random
 import shutil
 import signal
@@ -43,6 +41,7 @@ import allocate
 import coba
 import grpo
 import verify
+from rollout import VLLMGenerator, collate, decode, hf_generate
 
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
 MODEL_ALIASES = {
@@ -82,7 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description="GRPO with CoBA-RL budget allocation (arXiv 2602.03048). With no arguments: "
                     "the offline toy on CPU.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    A = ap.add_argument
     g = ap.add_argument_group("model and data")
     g.add_argument("--model", default="toy", help="'toy' (offline, built by toy.py), an alias ("
                    + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
@@ -372,117 +370,6 @@ class PromptSampler:
 
 
 # ----------------------------------------------------------------------------------------------
-# Rollouts
-# ----------------------------------------------------------------------------------------------
-def eos_ids(model, tokenizer) -> set[int]:
-    ids = model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, list) else [ids]) if ids is not None else set()
-    return ids | {tokenizer.eos_token_id}
-
-
-@torch.no_grad()
-def hf_generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float,
-                top_p: float, batch_size: int, greedy: bool = False, progress=None) -> list[list[int]]:
-    """Completion token ids for each prompt string (one row each), cut after the first EOS."""
-    model.eval()
-    stop = eos_ids(model, tokenizer)
-    out: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[start:start + batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=False).to(model.device)
-        sampling = dict(do_sample=False) if greedy else dict(
-            do_sample=True, temperature=temperature, top_p=top_p, top_k=0)  # top_k=0: no hidden top-50
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=sorted(stop), **sampling)
-        for row in gen[:, enc["input_ids"].shape[1]:].tolist():  # (rows, T) new tokens only
-            cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
-            out.append(row[:cut])
-        if progress is not None:
-            progress.update(len(gen))
-    return out
-
-
-VLLM_SUPPORTED = ((0, 10), (0, 11))  # minor versions whose LLM API this class was written against
-
-
-class VLLMGenerator:
-    """Colocated vLLM rollouts on the training GPU (issue 7). Imported only with --use-vllm.
-
-    Targets vLLM 0.10-0.11 (TRL pins 0.10.2), run in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps
-    the engine's worker in this process, so `LLM.collective_rpc(fn)` calls fn(worker) here and the
-    trainer's CUDA tensors can be handed to `model.load_weights` without IPC (TRL's colocate mode
-    does the same). Memory plan: vLLM takes `--vllm-gpu-memory-utilization` of the GPU for weights
-    + KV cache; with `--vllm-enable-sleep-mode` it frees that memory while the trainer runs.
-    Not run on this project's CPU machines: no GPU there (see README).
-    """
-
-    def __init__(self, args, model_path: str):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        try:
-            import vllm
-        except ImportError:
-            raise SystemExit("error: --use-vllm needs vLLM: pip install -r requirements-gpu.txt "
-                             "(or drop --use-vllm to use HF generate)")
-        version = tuple(int(x) for x in vllm.__version__.split(".")[:2] if x.isdigit())
-        if version not in VLLM_SUPPORTED:
-            raise SystemExit(f"error: vLLM {vllm.__version__} is not supported (weight sync is written for "
-                             f"0.10-0.11): pip install -r requirements-gpu.txt, or drop --use-vllm")
-        self.vllm = vllm
-        self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                            enable_sleep_mode=args.vllm_enable_sleep_mode, seed=args.seed,
-                            max_model_len=4096 + args.max_completion_length,
-                            dtype="bfloat16")
-        self.sleep_mode = args.vllm_enable_sleep_mode
-        if self.sleep_mode:
-            self.llm.sleep(level=1)  # level 1: drop the KV cache, keep weights in CPU memory
-
-    def sync_weights(self, model) -> None:
-        """Push the trainer's weights into the vLLM engine after each optimizer step."""
-        weights = [(name, p.detach()) for name, p in model.state_dict().items()]
-        if self.sleep_mode:
-            self.llm.wake_up()
-        self.llm.collective_rpc(_vllm_load_weights, args=(weights,))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        if self.sleep_mode:
-            self.llm.sleep(level=1)
-
-    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-                 greedy: bool = False) -> list[list[int]]:
-        if self.sleep_mode:
-            self.llm.wake_up()
-        params = self.vllm.SamplingParams(temperature=0.0 if greedy else temperature, top_p=top_p,
-                                          max_tokens=max_new_tokens)
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        if self.sleep_mode:
-            self.llm.sleep(level=1)
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def _vllm_load_weights(worker, weights) -> None:
-    """Runs inside vLLM's worker (same process): load (name, tensor) pairs into its model."""
-    worker.model_runner.model.load_weights(weights)
-
-
-def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):
-    """Left-pad prompts to P, right-pad completions to T and join them: the layout grpo.py expects.
-
-    Returns input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T). An empty
-    completion (EOS-less and length 0) keeps an all-zero mask row: it carries no loss.
-    """
-    P = max(map(len, prompt_ids))
-    T = max(1, max(map(len, completion_ids)))
-    ids = torch.full((len(prompt_ids), P + T), pad_id, dtype=torch.long)  # (N, P+T)
-    attn = torch.zeros_like(ids)  # (N, P+T)
-    for r, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        ids[r, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        attn[r, P - len(p):P] = 1
-        if c:
-            ids[r, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-            attn[r, P:P + len(c)] = 1
-    return ids, attn, attn[:, P:].clone()  # (N, P+T), (N, P+T), (N, T)
-
-
-# ----------------------------------------------------------------------------------------------
 # Evaluation: greedy accuracy, and the paper's avg@k / pass@k (k samples, T = 1.0, top-p 0.9)
 # ----------------------------------------------------------------------------------------------
 def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
@@ -503,9 +390,6 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
         result[f"pass@{k}"] = float((correct.max(axis=1) > 0).mean())  # any of k correct (n = k)
     return result
 
-
-def decode(tokenizer, ids: list[list[int]]) -> list[str]:
-    return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
 # ----------------------------------------------------------------------------------------------
