@@ -19,26 +19,58 @@ def eos_ids(model, tokenizer) -> set[int]:
     return ids | {tokenizer.eos_token_id}
 
 
+def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token-id lists into input_ids (n, P) and attention_mask (n, P): a causal LM must see
+    each prompt end right before its first new token."""
+    P = max(1, max(map(len, prompt_ids)))
+    ids = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)  # (n, P)
+    attn = torch.zeros_like(ids)  # (n, P)
+    for r, p in enumerate(prompt_ids):
+        if p:
+            ids[r, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[r, P - len(p):] = 1
+    return ids, attn
+
+
 @torch.no_grad()
-def hf_generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float,
+def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
                 top_p: float, batch_size: int, greedy: bool = False, progress=None) -> list[list[int]]:
-    """Completion token ids for each prompt string (one row each), cut after the first EOS."""
+    """Completion token ids for each prompt (token ids, one row each), cut after the first EOS.
+
+    Takes the trainer's own prompt token ids, so the tokens sampled here are exactly the tokens
+    the loss later scores (no second tokenisation that could add a BOS or split differently)."""
     model.eval()
     stop = eos_ids(model, tokenizer)
     out: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[start:start + batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=False).to(model.device)
+    for start in range(0, len(prompt_ids), batch_size):
+        ids, attn = left_pad(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
+        ids, attn = ids.to(model.device), attn.to(model.device)
         sampling = dict(do_sample=False) if greedy else dict(
             do_sample=True, temperature=temperature, top_p=top_p, top_k=0)  # top_k=0: no hidden top-50
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=sorted(stop), **sampling)
-        for row in gen[:, enc["input_ids"].shape[1]:].tolist():  # (rows, T) new tokens only
+        gen = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop), **sampling)
+        for row in gen[:, ids.shape[1]:].tolist():  # (rows, T) new tokens only
             cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
             out.append(row[:cut])
         if progress is not None:
             progress.update(len(gen))
     return out
+
+
+def generate_groups(model, tokenizer, prompt_ids: list[list[int]], budgets: list[int], *, max_new_tokens: int,
+                    temperature: float, top_p: float, batch_size: int, greedy: bool = False,
+                    generator=None, seed: int = 0) -> list[list[int]]:
+    """B_i completions for prompt i (Algorithm 1's budgets), rows prompt-major: prompt 0's B_0
+    rows, then prompt 1's B_1 rows, ... (the order of train.py's group_ids).
+
+    HF path: one row per rollout, sampled from the global torch RNG (saved in checkpoints).
+    vLLM path: `generator.generate_groups` (one request per prompt with n = B_i, seeded by `seed`).
+    """
+    if generator is not None:
+        return generator.generate_groups(prompt_ids, budgets, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_p=top_p, greedy=greedy, seed=seed)
+    rows = [p for p, B in zip(prompt_ids, budgets) for _ in range(B)]
+    return hf_generate(model, tokenizer, rows, max_new_tokens, temperature, top_p, batch_size, greedy=greedy)
 
 
 VLLM_SUPPORTED = ((0, 10), (0, 11))  # minor versions whose LLM API this class was written against

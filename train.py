@@ -41,7 +41,7 @@ import allocate
 import coba
 import grpo
 import verify
-from rollout import VLLMGenerator, collate, decode, hf_generate
+from rollout import VLLMGenerator, collate, decode, generate_groups, hf_generate  # noqa: F401 (hf_generate: tests)
 
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
 MODEL_ALIASES = {
@@ -374,16 +374,20 @@ class PromptSampler:
 # ----------------------------------------------------------------------------------------------
 def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
     prompts = [format_prompt(r["question"], tokenizer, args) for r in records]
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     answers = [r["answer"] for r in records]
-    gen = (lambda ps, greedy, T, top_p: generator.generate(ps, args.max_completion_length, T, top_p, greedy)) \
-        if generator is not None else \
-        (lambda ps, greedy, T, top_p: hf_generate(model, tokenizer, ps, args.max_completion_length, T, top_p,
-                                                   args.generation_batch_size, greedy=greedy))
-    texts = decode(tokenizer, gen(prompts, True, 1.0, 1.0))
+
+    def gen(k: int, greedy: bool, T: float, top_p: float) -> list[list[int]]:
+        return generate_groups(model, tokenizer, prompt_ids, [k] * len(prompt_ids),
+                               max_new_tokens=args.max_completion_length, temperature=T, top_p=top_p,
+                               batch_size=args.generation_batch_size, greedy=greedy, generator=generator,
+                               seed=args.seed)
+
+    texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
     result = {"acc": float(np.mean(verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)))}
     k = args.eval_samples
     if k > 0:
-        many = decode(tokenizer, gen([p for p in prompts for _ in range(k)], False, 1.0, 0.9))
+        many = decode(tokenizer, gen(k, False, 1.0, 0.9))
         correct = np.array(verify.rewards(many, [a for a in answers for _ in range(k)],
                                           last_number_fallback=args.last_number_fallback)).reshape(-1, k)
         result[f"avg@{k}"] = float(correct.mean())  # mean accuracy over k samples (paper's avg@16)
@@ -615,17 +619,15 @@ def train(args) -> dict:
             # 3. generate B_i completions for prompt i (group_ids: (N,) prompt of each rollout)
             group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,)
             prompts = [format_prompt(train_set[j]["question"], tokenizer, args) for j in prompt_idx]
-            rows = [prompts[i] for i in group_ids.tolist()]
-            # tokenised once per prompt (M), not per rollout (N), for the loss's input ids
+            # tokenised once per prompt (M), not per rollout (N); the same ids feed generation and loss
             prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
             prompt_tok = [prompt_tok_m[i] for i in group_ids.tolist()]
             t_gen = time.time()
-            if generator is not None:
-                completion_ids = generator.generate(rows, args.max_completion_length, args.temperature, args.top_p)
-            else:
-                with amp():
-                    completion_ids = hf_generate(model, tokenizer, rows, args.max_completion_length,
-                                                 args.temperature, args.top_p, args.generation_batch_size)
+            with amp():
+                completion_ids = generate_groups(
+                    model, tokenizer, prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
+                    temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
+                    generator=generator, seed=args.seed * 1_000_003 + step)
             gen_seconds = time.time() - t_gen
             # 4. binary verifiable rewards
             texts = decode(tokenizer, completion_ids)
@@ -646,7 +648,7 @@ def train(args) -> dict:
             if generator is not None:
                 generator.sync_weights(model)
             # 8. log
-            counters["rollouts"] += len(rows)
+            counters["rollouts"] += len(completion_ids)
             counters["seconds"] += time.time() - t0
             group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
             record = {

@@ -31,8 +31,10 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     prompts = [train.format_prompt(p["question"], tokenizer, args) for p in problems]
     assert prompts[0].startswith("<|im_start|>") and "\\boxed{}" in prompts[0]  # chat template + instruction
     budgets = [3, 3]
-    rows = [prompts[i] for i, B in enumerate(budgets) for _ in range(B)]
-    completion_ids = train.hf_generate(model, tokenizer, rows, args.max_completion_length, 1.0, 1.0, 6)
+    prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    completion_ids = train.generate_groups(model, tokenizer, prompt_tok_m, budgets,
+                                           max_new_tokens=args.max_completion_length, temperature=1.0,
+                                           top_p=1.0, batch_size=6)
     texts = train.decode(tokenizer, completion_ids)
     assert len(texts) == 6 and all(isinstance(t, str) for t in texts)
     answers = [problems[i]["answer"] for i, B in enumerate(budgets) for _ in range(B)]
@@ -42,7 +44,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     advantages, _ = train.grpo.group_advantages(rewards, group_ids)
     if not advantages.abs().sum() > 0:  # a 135M model rarely mixes right and wrong in 3 tries:
         advantages = torch.tensor([1.0, -0.5, -0.5, 1.0, -0.5, -0.5])  # keep the step non-trivial
-    prompt_tok = tokenizer(rows, add_special_tokens=False)["input_ids"]
+    prompt_tok = [prompt_tok_m[i] for i in group_ids.tolist()]
     ids, attn, cmask = train.collate(prompt_tok, completion_ids, tokenizer.pad_token_id)
     before = [p.detach().clone() for p in model.parameters() if p.requires_grad][:4]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
