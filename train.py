@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--failure-window", type=int, default=1,
                    help="k: F_bar averages the last k F_t, and p_i the last k visits "
                         "(released launch script 1; paper gives no value)")
+    g.add_argument("--probe", action="store_true",
+                   help="(ours, not in the paper) each step first gives every prompt B_low rollouts and "
+                        "updates its pass rate from them, then allocates the rest of the same B_total")
     g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
     g = ap.add_argument_group("GRPO (DeepSeekMath; paper App. C)")
     g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4)")
@@ -370,6 +373,36 @@ class PromptSampler:
 
 
 # ----------------------------------------------------------------------------------------------
+# The in-step probe (ours, beyond the paper: --probe)
+# ----------------------------------------------------------------------------------------------
+# The paper's allocator only knows a prompt's pass rate from an earlier visit (method.md §3): the
+# first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
+# escapes ("sticky zero", calibration.md). With --probe every prompt first gets B_low rollouts in
+# this step; the allocator then sees p_i pooled over those and the earlier visits, and hands out
+# the rest of the same B_total. Costs one extra generation round per step, no extra rollouts.
+def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
+    """(M,) p_i = (successes of the last visits + probe successes) / (their rollouts + B_low).
+
+    Pooling (our choice) keeps the estimate from resting on B_low = 2 samples alone; the last
+    visits are the tracker's window (--failure-window), the probe rows come from this step."""
+    rates = []
+    for i, s in zip(prompt_idx, probe_successes):
+        hist = tracker.visits.get(int(i), ())
+        rates.append((sum(h[0] for h in hist) + float(s)) / (sum(h[1] for h in hist) + probe_budget))
+    return np.array(rates, dtype=float)
+
+
+def merge_groups(first: list, first_budgets: list[int], second: list, second_budgets: list[int]) -> list:
+    """Two prompt-major row lists -> one: prompt i's rows of `first`, then its rows of `second`.
+    Keeps train.py's layout (group i's B_i rows contiguous, in prompt order)."""
+    out, a, b = [], 0, 0
+    for n1, n2 in zip(first_budgets, second_budgets):
+        out += first[a:a + n1] + second[b:b + n2]
+        a, b = a + n1, b + n2
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Evaluation: greedy accuracy, and the paper's avg@k / pass@k (k samples, T = 1.0, top-p 0.9)
 # ----------------------------------------------------------------------------------------------
 def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
@@ -608,33 +641,54 @@ def train(args) -> dict:
     with GracefulInterrupt() as interrupt:
         for step in bar:
             t0 = time.time()
-            # 1. sample M prompts; 2. allocate budgets from the tracker (eqs. 3-9, Algorithm 1)
+            # 1. sample M prompts, tokenised once per prompt (not per rollout): the same ids feed
+            #    generation and the loss
             prompt_idx = sampler.next(M)
+            prompts = [format_prompt(train_set[j]["question"], tokenizer, args) for j in prompt_idx]
+            prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+            answers_m = [train_set[j]["answer"] for j in prompt_idx]
+            vstats, gen_seconds = verify.VerifyStats(), 0.0
+
+            def sample_and_reward(budgets_now: list[int], round_: int) -> tuple[list, list[float]]:
+                """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards."""
+                nonlocal gen_seconds
+                t_gen = time.time()
+                with amp():
+                    completions = generate_groups(
+                        model, tokenizer, prompt_tok_m, budgets_now, max_new_tokens=args.max_completion_length,
+                        temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
+                        generator=generator, seed=2 * (args.seed * 1_000_003 + step) + round_)
+                gen_seconds += time.time() - t_gen
+                answers = [a for a, B in zip(answers_m, budgets_now) for _ in range(B)]
+                return completions, verify.rewards(decode(tokenizer, completions), answers,
+                                                   last_number_fallback=args.last_number_fallback, stats=vstats)
+
+            # 2. allocate budgets from the tracker (eqs. 3-9, Algorithm 1)
             pass_rates, seen = tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx)
             alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
+            if args.probe:  # (ours) B_low rollouts per prompt first; their outcomes refine p_i now
+                probe_budgets = [args.min_budget] * M
+                probe_ids, probe_rewards = sample_and_reward(probe_budgets, round_=0)
+                probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * args.min_budget,
+                                                                                     args.min_budget))
+                pass_rates = probe_pass_rates(tracker, prompt_idx, probe_successes, args.min_budget)
+                seen = np.ones(M, dtype=bool)
             tau = coba.resolve_tau(args.tau, pass_rates)
             budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget,
                                                 args.min_budget, args.max_budget, alpha_t, beta_t, tau,
                                                 solver=args.solver)
-            # 3. generate B_i completions for prompt i (group_ids: (N,) prompt of each rollout)
-            group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,)
-            prompts = [format_prompt(train_set[j]["question"], tokenizer, args) for j in prompt_idx]
-            # tokenised once per prompt (M), not per rollout (N); the same ids feed generation and loss
-            prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+            # 3.-4. generate B_i completions for prompt i and reward them (with --probe: only the
+            #    B_i - B_low not drawn yet, then each prompt's probe rows are put back in its group)
+            if args.probe:
+                rest = [B - args.min_budget for B in budgets]
+                rest_ids, rest_rewards = sample_and_reward(rest, round_=1)
+                completion_ids = merge_groups(probe_ids, probe_budgets, rest_ids, rest)
+                reward_list = merge_groups(probe_rewards, probe_budgets, rest_rewards, rest)
+            else:
+                completion_ids, reward_list = sample_and_reward(budgets, round_=0)
+            group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,) prompt of each row
             prompt_tok = [prompt_tok_m[i] for i in group_ids.tolist()]
-            t_gen = time.time()
-            with amp():
-                completion_ids = generate_groups(
-                    model, tokenizer, prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
-                    temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
-                    generator=generator, seed=args.seed * 1_000_003 + step)
-            gen_seconds = time.time() - t_gen
-            # 4. binary verifiable rewards
-            texts = decode(tokenizer, completion_ids)
-            vstats = verify.VerifyStats()
-            answers = [train_set[prompt_idx[i]]["answer"] for i in group_ids.tolist()]
-            rewards = torch.tensor(verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback,
-                                                  stats=vstats), dtype=torch.float32)  # (N,)
+            rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
             # 5. pass rates and F_t for the next allocation (eqs. 1, 4)
             successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
             tracker.update(prompt_idx, successes.tolist(), budgets)
