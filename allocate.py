@@ -2,36 +2,51 @@
 
 Problem (eq. 3): maximise sum_i V_i(B_i) subject to sum_i B_i = B_total, B_low <= B_i <= B_up, B_i
 integer. V_i is eq. 9's value (coba.py) or any other per-prompt value. This file has the paper's
-solver, two exact references, our faster exact solver for eq. 9's form, the released code's hybrid,
-and the one call train.py makes, top to bottom:
+solver, two exact references, our faster exact solver for eq. 9's form, the two published
+allocators we compare against (Knapsack-RL's and the released CoBA-RL code's), and the one call
+train.py makes, top to bottom:
 
     check_feasible        infeasible budgets are an error, never silently fixed (method.md §2)
     uniform_budgets       GRPO's baseline: B_total / M each, the remainder one each (method.md §4)
     allocate              paper §2.4, Algorithm 1: heap-based greedy over marginal gains,
                           O(B_total log M). Exactly optimal when every V_i is concave in B; App. A,
                           Prop. 2.2 proves it for eq. 9 (the gain C e^{-kB}(1 - e^{-k}) is geometric).
+                          Values are computed lazily, as deep as the deepest prompt goes: cost
+                          independent of B_up (issue 16; M = 256, B_up = 100,000: 48 s and 1.2 GB
+                          before, 0.05 s and 0.6 MB after, on this machine's shared cores).
     allocate_dp           the exact dynamic programme (paper §3.6, Table 4's reference),
-                          O(M * B_total * (B_up - B_low)), vectorised over the budget axis
+                          O(M * R * min(B_up - B_low, R)), R = B_total - M B_low, vectorised
     allocate_brute_force  every allocation, for tiny cases (a reference for the reference)
     allocate_threshold    (ours) for V_i(B) = C_i (1 - e^{-k_i B}) only: the greedy optimum is "every
                           gain above a threshold lambda". Each prompt's count at a given lambda has a
                           closed form, so bisect lambda until <= 2M gains straddle it, then take the
                           largest of those exactly. O(M log(1/eps)) instead of O(B_total log M), and
                           independent of the budget's size; same objective as the heap.
+    allocate_knapsack     Knapsack-RL's published allocator (`--allocator knapsack`, method.md §4)
     allocate_released     the released code's hybrid (`--allocator coba-released`, method.md §2)
     allocate_budgets      the dispatcher: `--allocator {uniform,knapsack,coba,coba-released}`
 
 Which part is whose:
   paper          Algorithm 1 (`allocate`), the DP reference and its comparison (§3.6, Table 4:
                  M = 512, B_total = 8192, B in [2, 128], DP 115.05 s vs heap 0.124 s), eq. 3.
-  released code  `allocate_released`: prompts with p < 0.05 or p > 0.99 stay out of the heap, the
-                 heap gets a 60-80 % share of the surplus, the rest is split in proportion to 1 - p.
-  Knapsack-RL    `knapsack`: its value through the same heap; prompts at p in {0, 1} keep B_low
-                 (Li et al. 2025, arXiv 2509.25849; their code solves it by DP, same optimum).
-  ours           the threshold solver; `step` (budgets in multiples of `step` above B_low); the
-                 capacity guard in the hybrid (calibration.md: a heap share larger than its prompts
-                 can hold at B_up looped forever); where leftovers go when the knapsack's p in (0, 1)
-                 prompts cannot hold the surplus; the brute force; `--bench`.
+  released code  `allocate_released` = Within-yao/CoBA-RL@aa6b834 `recipe/coba_rl/budget_allocators.py`
+                 `BetaAllocator.allocate`, vector for vector (cross-checked on 3,000 random batches
+                 where it places the whole budget): p < 0.05 or p > 0.99 stay out of the heap, the
+                 heap gets a 60-80 % share of the surplus and tau over its own prompts, the rest goes
+                 by int(left * (1 - p_i) / W) with `left` shrinking, then one even pass.
+  Knapsack-RL    `allocate_knapsack` = liziniu/KnapsackRL `verl/trainer/ppo/exploration_utils.py`
+                 `sampling_budget_by_knapsack` + `solve_by_dp` and the p estimate of
+                 `verl/utils/dataset/rl_dataset.py` (coba.CapabilityTracker.knapsack_stats): validity
+                 from 8 recorded rollouts, cost caps, the fallback to unsolved prompts, the objective
+                 that counts only prompts given units above B_low. Same objective as the official on
+                 950 random batches where it succeeds (same vector on 916; the rest are ties).
+  ours           the threshold solver; the lazy value table; `step` (budgets in multiples of `step`
+                 above B_low); the brute force; `--bench`; and where the published allocators break
+                 (their own tests could not see it): nothing above B_up and nothing dropped. Knapsack-
+                 RL's fallback has no B_up cap, its DP spreads what it cannot place over its prompts
+                 above max_n, and it divides by zero when every prompt is informative and the caps
+                 leave a surplus; the released code's leftover passes can end with units unplaced
+                 (sum < B_total) when caps bind: we cap, spill to the next group, repeat.
 
 Non-concave values: the heap still returns a feasible allocation (a prompt leaves the heap only at
 B_up, so all B_total - M B_low units are handed out), but greedy is then only a heuristic with no
@@ -111,11 +126,14 @@ def _check_values(values: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} has negative entries (min {values.min():.3g}): values must be >= 0")
 
 
-def _setup(value_fn: Values, num_prompts, total_budget, min_budget, max_budget, step):
-    """Common part of the three generic solvers: checks, then the value table on the grid.
+def _grid(value_fn: Values, num_prompts, total_budget, min_budget, max_budget, step):
+    """Checks common to the generic solvers, and lazy access to the value table on the grid.
 
-    Returns M, R (surplus units of `step` above B_low), L (units of `step` from B_low to B_up) and
-    T (M, L+1) with T[i, j] = V_i(B_low + step * j).
+    Returns M, R (surplus units of `step` above B_low), D and columns. D = min(L, R) is the deepest
+    grid level any prompt can reach (L = (B_up - B_low) / step): no prompt can take more than the R
+    units there are, so levels above D are never needed (issue 16: B_up = 100,000 with B_total / M
+    = 16 must not cost a table 100,000 wide). columns(j0, j1) -> (M, j1 - j0) with
+    [i, j - j0] = V_i(B_low + step * j), checked for NaN, inf and negatives.
     """
     check_feasible(num_prompts, total_budget, min_budget, max_budget)
     M, lo, hi, step = int(num_prompts), int(min_budget), int(max_budget), _as_int(step, "step")
@@ -123,19 +141,32 @@ def _setup(value_fn: Values, num_prompts, total_budget, min_budget, max_budget, 
     if step < 1 or surplus % step or (hi - lo) % step:
         raise ValueError(f"step {step} must be >= 1 and divide both B_total - M*B_low = {surplus} and "
                          f"B_up - B_low = {hi - lo}: use step=1 or adjust the budgets")
-    L = (hi - lo) // step
-    levels = lo + step * np.arange(L + 1)  # (L+1,) the budgets a prompt can have
+    R = surplus // step
+    D = min((hi - lo) // step, R)
     if callable(value_fn):
-        # one vectorised call per budget level: V at budget b for all M prompts at once
-        T = np.stack([np.asarray(value_fn(np.full(M, b)), dtype=float).reshape(M) for b in levels], axis=1)
+        def raw(j0, j1):  # one vectorised call per budget level: V at budget b for all M prompts at once
+            cols = [np.asarray(value_fn(np.full(M, lo + step * j)), dtype=float).reshape(M) for j in range(j0, j1)]
+            return np.stack(cols, axis=1) if cols else np.empty((M, 0))
     else:
         table = np.asarray(value_fn, dtype=float)
         if table.ndim != 2 or table.shape[0] != M or table.shape[1] <= hi:
             raise ValueError(f"value table must have shape ({M}, >= {hi + 1}) = (prompts, max budget + 1), "
                              f"got {table.shape}")
-        T = table[:, levels]
-    _check_values(T, "value table")
-    return M, surplus // step, L, T  # T: (M, L+1)
+        raw = lambda j0, j1: table[:, lo + step * np.arange(j0, j1)]  # noqa: E731
+
+    def columns(j0, j1):
+        T = raw(j0, j1)  # (M, j1 - j0)
+        _check_values(T, "value table")
+        return T
+
+    return M, R, D, columns
+
+
+def _setup(value_fn: Values, num_prompts, total_budget, min_budget, max_budget, step):
+    """_grid, then the whole reachable table: M, R, D and T (M, D+1) with T[i, j] = V_i(B_low + step j).
+    For the exact references (DP, brute force), which look at every level anyway."""
+    M, R, D, columns = _grid(value_fn, num_prompts, total_budget, min_budget, max_budget, step)
+    return M, R, D, columns(0, D + 1)  # T: (M, D+1)
 
 
 def total_value(value_fn: Values, budgets) -> float:
@@ -168,22 +199,38 @@ def allocate(value_fn: Values, num_prompts, total_budget, min_budget, max_budget
     value_fn: budgets (M,) -> V_i(B_i) (M,), vectorised; or a table (M, >= B_up + 1) of V_i(B).
     step: budgets move in multiples of `step` above B_low (1 in the paper).
     Exactly optimal when each V_i is concave on the grid (eq. 9 is: App. A, Prop. 2.2); otherwise a
-    heuristic that still returns a feasible allocation. O(M (B_up - B_low) + B_total log M).
+    heuristic that still returns a feasible allocation. O(B_total log M) pops.
+
+    Bounded in B_up (ours; issue 16, item 11): the gains are computed in blocks of budget levels,
+    only as deep as the deepest prompt goes, doubling the depth when a prompt reaches its end. Work
+    and memory are O(M * max_i B_i), at most O(M * B_total), never O(M * B_up): the pops are the
+    same as with the whole table, so is the result.
     """
-    M, R, L, T = _setup(value_fn, num_prompts, total_budget, min_budget, max_budget, step)
-    gains = np.diff(T, axis=1).tolist()  # (M, L): gains[i][j] = V_i(B_low + step(j+1)) - V_i(B_low + step j)
+    M, R, D, columns = _grid(value_fn, num_prompts, total_budget, min_budget, max_budget, step)
     extra = [0] * M  # units of `step` above B_low, per prompt
+    lo = int(min_budget)
+    if R == 0:  # also covers B_low = B_up (D = 0)
+        return [lo] * M
+    depth = min(D, max(8, -(-R // M)))  # levels 0..depth known; start a little past the even share
+    V = columns(0, depth + 1)  # (M, depth+1)
+    gains = np.diff(V, axis=1).tolist()  # (M, depth): gains[i][j] = V_i(level j+1) - V_i(level j)
     # heapq is a min-heap, so push -gain; the index breaks ties (smallest i first)
-    heap = [(-g[0], i) for i, g in enumerate(gains)] if L > 0 else []
+    heap = [(-g[0], i) for i, g in enumerate(gains)]
     heapq.heapify(heap)
     for _ in range(R):  # feasibility (R <= M L) means the heap never runs dry before R units are out
         _, i = heap[0]
         extra[i] += 1
-        if extra[i] < L:
-            heapq.heapreplace(heap, (-gains[i][extra[i]], i))  # pop i, push its next gain: one sift
+        j = extra[i]
+        if j == depth < D:  # i reached the last known level: compute the next block, twice as deep
+            new = min(D, 2 * depth)
+            V = np.concatenate([V[:, -1:], columns(depth + 1, new + 1)], axis=1)  # (M, new - depth + 1)
+            for g, more in zip(gains, np.diff(V, axis=1).tolist()):
+                g.extend(more)
+            depth = new
+        if j < D:
+            heapq.heapreplace(heap, (-gains[i][j], i))  # pop i, push its next gain: one sift
         else:
-            heapq.heappop(heap)  # i is at B_up: it leaves the heap
-    lo = int(min_budget)
+            heapq.heappop(heap)  # i is at B_up (or has every unit there is): it leaves the heap
     return [lo + step * e for e in extra]
 
 
@@ -198,7 +245,7 @@ def allocate_dp(value_fn: Values, num_prompts, total_budget, min_budget, max_bud
     is vectorised over r and j with numpy (a sliding window over best), so this is a fair
     reference, not a Python triple loop: O(M * R * L) arithmetic, O(M * R) memory for the choices.
     """
-    M, R, L, T = _setup(value_fn, num_prompts, total_budget, min_budget, max_budget, step)
+    M, R, L, T = _setup(value_fn, num_prompts, total_budget, min_budget, max_budget, step)  # L: deepest level
     best = np.full(R + 1, -np.inf)  # (R+1,)
     best[0] = 0.0
     padded = np.full(L + R + 1, -np.inf)  # L slots of -inf before best: r - j < 0 is impossible
@@ -229,7 +276,7 @@ def allocate_dp(value_fn: Values, num_prompts, total_budget, min_budget, max_bud
 def allocate_brute_force(value_fn: Values, num_prompts, total_budget, min_budget, max_budget,
                          step=1) -> list[int]:
     """Try every allocation; for tiny cases only ((L+1)^M <= 10^6 candidates)."""
-    M, R, L, T = _setup(value_fn, num_prompts, total_budget, min_budget, max_budget, step)
+    M, R, L, T = _setup(value_fn, num_prompts, total_budget, min_budget, max_budget, step)  # L: deepest level
     if (L + 1) ** M > 10 ** 6:
         raise ValueError(f"brute force would try {L + 1}^{M} allocations: use allocate_dp for this size")
     best, best_js = -math.inf, None
@@ -306,9 +353,6 @@ def allocate_threshold(C, k, total_budget, min_budget, max_budget) -> list[int]:
     return budgets.tolist()
 
 
-# ----------------------------------------------------------------------------------------------
-# Released code's hybrid (method.md §2, `--allocator coba-released`)
-# ----------------------------------------------------------------------------------------------
 def _split_proportional(budgets: np.ndarray, group: np.ndarray, weights: np.ndarray, left: int,
                         max_budget: int) -> int:
     """Hand `left` units to the prompts in `group` (bool mask) in proportion to `weights`, none above
@@ -330,17 +374,168 @@ def _split_proportional(budgets: np.ndarray, group: np.ndarray, weights: np.ndar
     return left
 
 
+
+# ----------------------------------------------------------------------------------------------
+# Shared by the two published allocators' leftover passes
+# ----------------------------------------------------------------------------------------------
+def _spread_evenly(budgets: np.ndarray, idx, left: int, max_budget: int) -> int:
+    """Hand `left` units evenly to prompts `idx` (in order) that are below B_up, in place: left // n
+    each, one more to the first left % n, none above B_up. Returns what did not fit. The even pass of
+    both published allocators (Knapsack-RL `sampling_budget_by_knapsack`'s fallback, CoBA-RL
+    `BetaAllocator._allocate_remaining_uniform`), except that Knapsack-RL has no B_up cap here."""
+    room_idx = [i for i in idx if budgets[i] < max_budget]
+    if left <= 0 or not room_idx:
+        return left
+    per, first = divmod(left, len(room_idx))
+    for k, i in enumerate(room_idx):
+        give = min(per + (k < first), max_budget - int(budgets[i]))
+        budgets[i] += give
+        left -= give
+    return left
+
+
+def _fill_evenly(budgets: np.ndarray, idx, left: int, max_budget: int) -> int:
+    """_spread_evenly again and again while it places something: when B_up stops some prompts,
+    the others take their part (one pass, the published result, when no cap binds)."""
+    while True:
+        now = _spread_evenly(budgets, idx, left, max_budget)
+        if now in (0, left):
+            return now
+        left = now
+
+
+# ----------------------------------------------------------------------------------------------
+# Baseline: Knapsack-RL (method.md §4, `--allocator knapsack`)
+# ----------------------------------------------------------------------------------------------
+KNAPSACK_MIN_ROLLOUTS = 8  # rl_dataset.py `min_buffer_length`: fewer recorded rollouts -> not valid
+KNAPSACK_CONFIDENCE = 0.9  # exploration_utils.py `alpha`: cost cap ln(1 - 0.9) / ln max(p, 1-p)
+
+
+def knapsack_cost_cap(p, max_budget) -> np.ndarray:
+    """Knapsack-RL's cost of a prompt with 0 < p < 1 (`sampling_budget_by_knapsack`, cost_estimation
+    "probability"): int(min(B_up, ln 0.1 / ln max(p, 1-p))), the rollouts after which a group is
+    all-equal with probability <= 0.1 (max(p,1-p)^N <= 0.1). p = 0.5: ln 0.1 / ln 0.5 = 3.32 -> 3."""
+    p = np.asarray(p, dtype=float)
+    cost = np.log(1.0 - KNAPSACK_CONFIDENCE) / np.log(np.maximum(p, 1.0 - p))
+    return np.floor(np.minimum(float(max_budget), cost)).astype(int)  # int() of a positive float: floor
+
+
+def allocate_knapsack(p_hat, valid, total_budget, min_budget, max_budget, default_budget=None) -> list[int]:
+    """Knapsack-RL's published allocation (Li et al. 2025, arXiv 2509.25849; liziniu/KnapsackRL
+    `verl/trainer/ppo/exploration_utils.py` `sampling_budget_by_knapsack` and `solve_by_dp`):
+
+    1. an invalid prompt (fewer than 8 recorded rollouts, `valid` False) gets the default G
+       (`default_budget`, B_total // M if None) and stays out of everything below;
+    2. a valid prompt gets B_low (the launch script's min_n = negative_n = positive_n = 2);
+    3. the valid 0 < p < 1 prompts ("informative") may use at most est = sum_i int(min(B_up,
+       ln 0.1 / ln max(p_i, 1 - p_i))) surplus units; the rest (the fallback) goes evenly to the
+       p = 0 prompts, or with none, to every non-informative prompt;
+    4. an exact knapsack over the informative prompts places est units (R if there is no fallback),
+       maximising sum_i Value(B_i, p_i) over the prompts given >= 1 unit above B_low: a prompt left
+       at B_low counts 0, not Value(B_low) (`solve_by_dp`'s "don't allocate" option).
+    With no informative prompt, the surplus goes evenly to the p = 0 prompts, else uniform.
+
+    Ours where the official code breaks (method.md §4): nothing goes above B_up (the official fallback
+    has no cap); what cannot be placed goes back to the knapsack, then to the other prompts; with
+    every prompt informative the knapsack takes all R (the official divides by zero); the knapsack
+    never gets more than its prompts hold (the official spreads its excess above max_n); the no-
+    informative case is uniform_budgets (the official sets every prompt to G, dropping B_total % M).
+    """
+    import coba  # the Knapsack-RL value lives there with the other values
+
+    p, valid = _check_pass_rates(p_hat), np.asarray(valid, dtype=bool).ravel()
+    M = p.size
+    check_feasible(M, total_budget, min_budget, max_budget)
+    lo, hi = int(min_budget), int(max_budget)
+    G = int(total_budget) // M if default_budget is None else _as_int(default_budget, "default budget")
+    if not lo <= G <= hi:
+        raise ValueError(f"default budget {G} must lie in [{lo}, {hi}]")
+    budgets = np.where(valid, lo, G)  # (M,)
+    informative = valid & (p > 0) & (p < 1)
+    # the official code reads p = 0 from an array that invalid prompts leave at 0, so they count
+    # as unsolved too: the fallback also feeds prompts it knows too little about
+    zero = ~valid | (p == 0)
+    R = int(total_budget) - int(budgets.sum())  # >= 0: every prompt has at most G <= B_total / M
+    if not informative.any():
+        if not zero.any():
+            return uniform_budgets(M, total_budget)
+        R = _fill_evenly(budgets, np.flatnonzero(zero), R, hi)
+        _fill_evenly(budgets, np.flatnonzero(~zero), R, hi)  # ours: only when p = 0 prompts are full
+        return budgets.tolist()
+    inf_idx = np.flatnonzero(informative)
+    capacity = inf_idx.size * (hi - lo)  # what the knapsack's prompts can hold
+    fallback = zero if zero.any() else ~informative  # where the budget the knapsack can't use well goes
+    est = int(knapsack_cost_cap(p[inf_idx], hi).sum())
+    to_knapsack = min(est if (est < R and fallback.any()) else R, capacity)
+    left = _fill_evenly(budgets, np.flatnonzero(fallback), R - to_knapsack, hi)
+    more = min(left, capacity - to_knapsack)  # ours: fallback prompts full -> back to the knapsack
+    to_knapsack, left = to_knapsack + more, left - more
+    _fill_evenly(budgets, np.flatnonzero(~informative & ~fallback), left, hi)  # ours: last resort
+    budgets[inf_idx] = _knapsack_units(p[inf_idx], to_knapsack, lo, hi)
+    return budgets.tolist()
+
+
+def _knapsack_units(p, units, min_budget, max_budget) -> list[int]:
+    """Step 4 of allocate_knapsack: place exactly `units` above B_low over prompts with 0 < p < 1,
+    maximising sum_i f_i(j_i), f_i(0) = 0, f_i(j) = Value(B_low + j, p_i) for j >= 1.
+
+    f is concave when B_low >= 1 (its first gain Value(B_low + 1) is a sum of B_low + 1 gains of
+    Value, each at least Value's later ones), so the heap is exact there and fast; at B_low = 0 it is
+    not (f(1) = Value(1) = 0), so the exact DP decides. Ties may break differently from the official
+    `solve_by_dp`; the objective is the same (tests).
+    """
+    import coba
+
+    lo, M = int(min_budget), p.size
+
+    def f(B):  # (M,) budgets -> (M,) values; B = B_low counts 0
+        return np.where(np.asarray(B) > lo, coba.knapsack_value(B, p), 0.0)
+
+    solver = allocate if lo >= 1 else allocate_dp
+    return solver(f, M, M * lo + int(units), lo, max_budget)
+
+
+# ----------------------------------------------------------------------------------------------
+# Released code's hybrid (method.md §2, `--allocator coba-released`)
+# ----------------------------------------------------------------------------------------------
+RELEASED_SHARE = (0.6, 0.8)  # the heap's share of the surplus: min_ratio, exploration_budget_ratio
+RELEASED_WEIGHT_CLIP = 1e-6  # `_allocate_remaining_weighted` clips p to [1e-6, 1 - 1e-6] in 1 - p
+
+
+def _released_leftover_pass(budgets: np.ndarray, idx, p: np.ndarray, left: int, max_budget: int) -> int:
+    """One leftover pass of the released allocator over prompts idx (`BetaAllocator.
+    _allocate_remaining_weighted`), in place; returns what is left for the next group.
+
+    Prompts below B_up, in order, each take int(left * w_i / W), w_i = 1 - clip(p_i, 1e-6, 1 - 1e-6),
+    W their sum, where `left` shrinks as the loop goes (so later prompts get less than their exact
+    share), capped at B_up; then one even pass (_spread_evenly) over those still below B_up.
+    """
+    room_idx = [i for i in idx if budgets[i] < max_budget]
+    if left <= 0 or not room_idx:
+        return left
+    w = [1.0 - float(np.clip(p[i], RELEASED_WEIGHT_CLIP, 1.0 - RELEASED_WEIGHT_CLIP)) for i in room_idx]
+    W = sum(w)
+    for i, w_i in zip(room_idx, w):
+        give = min(int(left * w_i / W), max_budget - int(budgets[i]))
+        budgets[i] += give
+        left -= give
+    return _spread_evenly(budgets, room_idx, left, max_budget)
+
+
 def allocate_released(pass_rates, total_budget, min_budget, max_budget, alpha_t, beta_t, tau) -> list[int]:
-    """The released code's allocation (method.md §2), not the paper's Algorithm 1 over all prompts:
+    """The released code's allocation (method.md §2; Within-yao/CoBA-RL@aa6b834
+    `recipe/coba_rl/budget_allocators.py`, `BetaAllocator.allocate`), not Algorithm 1 over all prompts:
 
     1. every prompt gets B_low;
     2. prompts with p < 0.05 (very hard) or p > 0.99 (very easy) stay out of the heap;
     3. Algorithm 1 with eq. 9 runs over the others with a share of the surplus: 0.8 if they are more
-       than half the batch, else 0.6 + 0.2 * 2 * (their fraction), so 0.6 if there are none;
-       capped at what they can hold at B_up (ours: calibration.md saw an uncapped heap loop forever);
-    4. what is left goes to the very hard prompts first, then the heap's, then the very easy ones,
-       within each group in proportion to 1 - p (p clipped to [0.01, 0.99] as in eq. 9, so a p = 1
-       prompt still has a weight), capped at B_up.
+       than half the batch, else 0.6 + (0.8 - 0.6) * 2 * (their fraction), so 0.6 with none; the
+       heap stops when its prompts are all at B_up (`_allocate_beta_greedy_internal`). tau =
+       "adaptive" is computed over the heap's prompts only (`_update_tau_global`); a number is used as is;
+    4. what is left goes to the very hard prompts, then the heap's, then the very easy ones, one
+       `_released_leftover_pass` each.
+    Ours: where caps bind, the released code can end with units unplaced (sum < B_total); we repeat
+    the passes until none is left (with caps not binding, one round, the released result).
     """
     import coba  # the value function (eq. 9) lives there; imported here so the rest needs only numpy
 
@@ -352,16 +547,20 @@ def allocate_released(pass_rates, total_budget, min_budget, max_budget, alpha_t,
     very_hard, very_easy = p < VERY_HARD, p > VERY_EASY
     in_heap = ~(very_hard | very_easy)
     n_heap, surplus = int(in_heap.sum()), int(total_budget) - M * lo
-    heap_share = 0.8 if n_heap > M / 2 else 0.6 + 0.2 * 2 * (n_heap / M)
-    heap_budget = min(int(heap_share * surplus), n_heap * (hi - lo))  # the cap: no endless loop
+    share_min, share_max = RELEASED_SHARE
+    # the released arithmetic, operation for operation: int() of the product decides boundary units
+    share = share_max if n_heap > M / 2 else share_min + (share_max - share_min) * ((n_heap / M) * 2)
+    heap_budget = min(int(surplus * share), n_heap * (hi - lo))  # the heap stops at B_up: the cap
     if heap_budget > 0:
-        value = lambda B: coba.capability_value(B, p[in_heap], alpha_t, beta_t, tau)  # noqa: E731
+        p_heap = p[in_heap]
+        tau_heap = coba.adaptive_tau(p_heap) if tau == "adaptive" else coba.resolve_tau(tau, p_heap)
+        value = lambda B: coba.capability_value(B, p_heap, alpha_t, beta_t, tau_heap)  # noqa: E731
         budgets[in_heap] = allocate(value, n_heap, n_heap * lo + heap_budget, lo, hi)
     left = int(total_budget) - int(budgets.sum())
-    weights = 1.0 - np.clip(p, 0.01, 0.99)  # (M,)
-    for group in (very_hard, in_heap, very_easy):
-        left = _split_proportional(budgets, group, weights, left, hi)
-    assert left == 0, "unreachable: a feasible B_total fits in M x B_up"
+    groups = [np.flatnonzero(g) for g in (very_hard, in_heap, very_easy)]
+    while left > 0:  # one round unless caps bind; each round places >= 1 unit while any prompt has room
+        for idx in groups:
+            left = _released_leftover_pass(budgets, idx, p, left, hi)
     return budgets.tolist()
 
 
@@ -377,13 +576,18 @@ def _check_pass_rates(pass_rates) -> np.ndarray:
 
 
 def allocate_budgets(allocator: str, pass_rates, seen, total_budget, min_budget, max_budget,
-                     alpha_t, beta_t, tau, solver: str = "heap") -> list[int]:
+                     alpha_t, beta_t, tau, solver: str = "heap", knapsack_stats=None) -> list[int]:
     """B_i for this step's M prompts (method.md §2-4).
 
-    allocator: uniform (GRPO), knapsack (Knapsack-RL's value, heap), coba (eq. 9, Algorithm 1 with
-      solver="heap", or our threshold solver with solver="threshold"; same optimum), coba-released
-      (the released code's hybrid). solver only matters for coba.
+    allocator: uniform (GRPO), knapsack (Knapsack-RL's published method, allocate_knapsack), coba
+      (eq. 9, Algorithm 1 with solver="heap", or our threshold solver with solver="threshold"; same
+      optimum), coba-released (the released code's hybrid). solver only matters for coba.
     pass_rates: p_i (M,), the prior for unseen prompts; seen: (M,) bool, p_i comes from a past visit.
+    tau: a number > 0, or "adaptive" (coba: over all M prompts; coba-released: over its heap's
+      prompts, as the released code does; a number computed over all M is used as is).
+    knapsack_stats: (p_hat (M,), rollouts (M,)) from coba.CapabilityTracker.knapsack_stats: Knapsack-
+      RL's p estimate (last visit if >= 16 rollouts, else the last 16 rewards) and each prompt's
+      recorded rollouts (valid from 8). None: p_hat = pass_rates, valid = seen (an approximation).
     If no prompt has been seen (the first epoch), every allocator returns uniform (method.md §3).
     """
     if allocator not in ALLOCATORS:
@@ -402,26 +606,22 @@ def allocate_budgets(allocator: str, pass_rates, seen, total_budget, min_budget,
     import coba
 
     lo, hi = int(min_budget), int(max_budget)
+    if allocator == "knapsack":
+        if knapsack_stats is None:
+            return allocate_knapsack(p, seen, total_budget, lo, hi)
+        p_hat, rollouts = (np.asarray(x, dtype=float).ravel() for x in knapsack_stats)
+        if not p_hat.shape == rollouts.shape == p.shape:
+            raise ValueError(f"knapsack_stats must be two arrays of {M} entries (p_hat, rollouts), "
+                             f"got {p_hat.size} and {rollouts.size}")
+        return allocate_knapsack(p_hat, rollouts >= KNAPSACK_MIN_ROLLOUTS, total_budget, lo, hi)
     if allocator == "coba-released":
         return allocate_released(p, total_budget, lo, hi, alpha_t, beta_t, tau)
-    if allocator == "coba" and solver == "threshold":
+    tau = coba.resolve_tau(tau, p)  # "adaptive" -> over all M prompts (a number passes through)
+    if solver == "threshold":
         C, k = coba.capability_value_coeffs(p, alpha_t, beta_t, tau)
         return allocate_threshold(C, k, total_budget, lo, hi)
-    if allocator == "coba":
-        V = coba.value_function("coba", alpha_t, beta_t, tau)
-        return allocate(lambda B: V(B, p), M, total_budget, lo, hi)
-    # knapsack: p_hat in {0, 1} has value 0 at any budget; Knapsack-RL leaves such prompts at B_low
-    budgets = np.full(M, lo)  # (M,)
-    informative = (p > 0) & (p < 1)
-    n_inf, surplus = int(informative.sum()), int(total_budget) - M * lo
-    to_heap = min(surplus, n_inf * (hi - lo))
-    if to_heap > 0:
-        V = coba.value_function("knapsack")
-        budgets[informative] = allocate(lambda B: V(B, p[informative]), n_inf,
-                                        n_inf * lo + to_heap, lo, hi)
-    # ours: if the informative prompts are all at B_up, the rest is spread evenly over p in {0, 1}
-    _split_proportional(budgets, ~informative, np.ones(M), surplus - to_heap, hi)
-    return budgets.tolist()
+    V = coba.value_function("coba", alpha_t, beta_t, tau)
+    return allocate(lambda B: V(B, p), M, total_budget, lo, hi)
 
 
 # ----------------------------------------------------------------------------------------------

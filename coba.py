@@ -36,8 +36,18 @@ Departures and choices (method.md is the reference for each):
   (8) Uniform GRPO is also written as a value, 1 - 2^-B for every prompt (ours), so that
       `value_function` covers `--allocator {uniform,knapsack,coba}` with one signature; allocate.py
       takes knapsack/coba values from it (uniform has the shortcut `allocate.uniform_budgets`).
-  (9) Resuming checks that the tracker's flags (window, prior, gamma, kappa, schedule) match the
-      checkpoint's, else a one-line error (ours; `strict=False` takes the data and keeps the flags).
+  (9) Resuming checks that the tracker's flags (window, prior, gamma, kappa, schedule, released_init)
+      match the checkpoint's, else a one-line error (ours; `strict=False` takes the data and keeps
+      the flags). Checkpoints from before `released_init` and `knapsack` load as released_init=False,
+      with Knapsack-RL's statistics rebuilt from the visits kept (fewer than it would have recorded).
+ (10) `released_init=True` (for `--allocator coba-released`): before the first update (alpha_t,
+      beta_t) = (kappa - 2, 2), the released `BetaAllocator.__init__`'s start; ours is F_bar =
+      1 - prior. Both only matter if prompts are seen before any update (the first step is uniform).
+ (11) Knapsack-RL's own per-prompt statistics (`knapsack_stats`, for `--allocator knapsack`):
+      rollouts ever recorded and p_hat = the last visit's mean if it had >= 16 rollouts, else the
+      mean of the last 16 rewards (liziniu/KnapsackRL `rl_dataset.py` `update_sample_state`). Given
+      only counts, each rollout of a visit counts s/n (ours: the official takes the visit's last
+      rewards in order; pass `rewards=` to update() for that).
 
 Tests: tests/test_coba.py
 """
@@ -54,6 +64,7 @@ P_CLIP = (0.01, 0.99)   # released code: keeps every prompt's value > 0 inside e
 PRIOR = 0.5             # released code: pass rate of a never-seen prompt
 TAU_RANGE = (3.0, 12.0)  # released code: adaptive tau lives in [3, 12]
 TAU_VAR_MAX = 0.1667    # released code: variance that maps to the top of TAU_RANGE (~1/6)
+KNAPSACK_BUFFER = 16    # Knapsack-RL rl_dataset.py `reward_buffer_length`: p_hat from the last 16 rewards
 
 
 def _out(x):
@@ -315,6 +326,8 @@ class CapabilityTracker:
     - each prompt (keyed by its dataset index) keeps (successes, totals) of its last `window`
       visits; p_i = sum successes / sum totals. Unseen prompts get `prior`.
     - `history`: F_t of every step (eq. 4); F_bar = mean of the last `window` of them.
+    - `knapsack`: Knapsack-RL's statistics per prompt, [rollouts recorded, p_hat, last 16 rewards]
+      (knapsack_stats(); not windowed: the official counts every rollout ever recorded).
     Order in a training step: pass_rates() + alpha_beta() -> allocate -> rollouts -> update().
     """
     window: int = 1
@@ -322,8 +335,10 @@ class CapabilityTracker:
     gamma: float = 10.0
     kappa: float = 11.0
     schedule: Schedule = field(default_factory=Schedule)
+    released_init: bool = False  # (kappa - 2, 2) before the first update (released code), see (10)
     history: list = field(default_factory=list)   # F_t per step, oldest first
     visits: dict = field(default_factory=dict, repr=False)  # prompt id -> deque of (successes, totals)
+    knapsack: dict = field(default_factory=dict, repr=False)  # prompt id -> [rollouts, p_hat, last rewards]
 
     def __post_init__(self):
         self.window = validate_window(self.window)
@@ -349,9 +364,26 @@ class CapabilityTracker:
             rates.append(sum(s for s, _ in hist) / sum(n for _, n in hist) if hist else self.prior)
         return np.array(rates, dtype=float)
 
-    def update(self, prompt_ids, successes, totals) -> float:
+    def knapsack_stats(self, prompt_ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Knapsack-RL's inputs (allocate.allocate_budgets(..., knapsack_stats=)): p_hat (M,) and
+        rollouts recorded (M,); never-seen prompts (0.0, 0), as the official `get_sample_state`."""
+        stats = [self.knapsack.get(int(i), (0, 0.0, ())) for i in prompt_ids]
+        return (np.array([s[1] for s in stats], dtype=float), np.array([s[0] for s in stats], dtype=int))
+
+    def _record_knapsack(self, i: int, rewards: list) -> None:
+        """One visit of prompt i into Knapsack-RL's statistics (`update_sample_state`, with its
+        defaults epoch_estimation = robust_epoch_estimation = True)."""
+        n, _, last = self.knapsack.get(i, (0, 0.0, []))
+        last = (list(last) + list(rewards))[-KNAPSACK_BUFFER:]  # the last 16 rewards, oldest first
+        # a visit of >= 16 rollouts is its own estimate; a smaller one borrows from earlier visits
+        p_hat = float(np.mean(rewards)) if len(rewards) >= KNAPSACK_BUFFER else float(np.mean(last))
+        self.knapsack[i] = [n + len(rewards), p_hat, last]
+
+    def update(self, prompt_ids, successes, totals, rewards=None) -> float:
         """Record one step: prompt i got successes[i] correct out of totals[i] rollouts (B_i).
 
+        rewards: optional, per prompt the 0/1 rewards of its rollouts in order (only Knapsack-RL's
+        p_hat uses their order; without them each rollout counts successes[i] / totals[i]).
         Appends F_t = mean over prompts of the failed share (eq. 4) and returns it.
         """
         ids = [int(i) for i in prompt_ids]
@@ -361,9 +393,15 @@ class CapabilityTracker:
                              f"got {len(ids)}, {s.size}, {n.size}")
         if not (np.all(np.isfinite(s)) and np.all(n >= 1) and np.all(s >= 0) and np.all(s <= n)):
             raise ValueError("update needs totals >= 1 and 0 <= successes <= totals for every prompt")
-        for i, si, ni in zip(ids, s.tolist(), n.tolist()):
+        if rewards is not None:
+            rewards = [[float(r) for r in rs] for rs in rewards]
+            if len(rewards) != len(ids) or any(len(rs) != ni or sum(rs) != si
+                                               for rs, si, ni in zip(rewards, s.tolist(), n.tolist())):
+                raise ValueError("update's rewards must hold, per prompt, totals[i] rewards summing to successes[i]")
+        for k, (i, si, ni) in enumerate(zip(ids, s.tolist(), n.tolist())):
             # a deque with maxlen drops the oldest visit once the window is full
             self.visits.setdefault(i, deque(maxlen=self.window)).append((si, ni))
+            self._record_knapsack(i, rewards[k] if rewards is not None else [si / ni] * int(ni))
         F_t = global_failure_rate(s / n)  # share of each prompt's rollouts that succeeded, then mean
         self.history.append(F_t)
         return F_t
@@ -377,27 +415,41 @@ class CapabilityTracker:
         return float(np.mean(self.history[-self.window:]))
 
     def alpha_beta(self, progress: float = 0.0) -> tuple[float, float]:
-        """(alpha_t, beta_t) for the next allocation: eq. 6 on F_bar, then the schedule (eq. 7)."""
+        """(alpha_t, beta_t) for the next allocation: eq. 6 on F_bar, then the schedule (eq. 7).
+        released_init: (kappa - 2, 2) before the first update, with the paper's schedule (released code)."""
+        if self.released_init and not self.history and self.schedule.kind == "exploit2explore":
+            return self.kappa - 2.0, 2.0
         F_tilde = transform_failure_rate(self.f_bar, self.gamma)
         return schedule_params(self.schedule, F_tilde, self.kappa, progress)
 
     # --- checkpoints ---------------------------------------------------------------------------
     def config(self) -> dict:
         return {"window": self.window, "prior": self.prior, "gamma": self.gamma, "kappa": self.kappa,
-                "schedule": str(self.schedule)}
+                "schedule": str(self.schedule), "released_init": bool(self.released_init)}
 
     def state_dict(self) -> dict:
         """JSON-serialisable: plain floats/lists; prompt ids become str keys (JSON objects need them)."""
         return {**self.config(), "history": [float(F) for F in self.history],
-                "visits": {str(i): [[float(s), float(n)] for s, n in hist] for i, hist in self.visits.items()}}
+                "visits": {str(i): [[float(s), float(n)] for s, n in hist] for i, hist in self.visits.items()},
+                "knapsack": {str(i): [int(n), float(p), [float(r) for r in last]]
+                             for i, (n, p, last) in self.knapsack.items()}}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Restore from state_dict(). strict: the saved flags must equal this tracker's (a resumed run
         with another --kappa would silently log a different method); strict=False keeps ours."""
-        saved = {k: state[k] for k in self.config()}
+        # checkpoints from before released_init lack it: they ran with the default, False
+        saved = {k: state.get(k, False) if k == "released_init" else state[k] for k in self.config()}
         if strict and saved != self.config():
             diff = ", ".join(f"{k}={saved[k]!r} (now {v!r})" for k, v in self.config().items() if saved[k] != v)
             raise ValueError(f"tracker checkpoint was saved with {diff}; resume with the same flags or strict=False")
         self.history = [float(F) for F in state["history"]]
         self.visits = {int(i): deque(((float(s), float(n)) for s, n in hist), maxlen=self.window)
                        for i, hist in state["visits"].items()}
+        self.knapsack = {}
+        if "knapsack" in state:
+            self.knapsack = {int(i): [int(n), float(p), [float(r) for r in last]]
+                             for i, (n, p, last) in state["knapsack"].items()}
+        else:  # a checkpoint from before the knapsack statistics: rebuild them from the visits kept
+            for i, hist in self.visits.items():
+                for s, n in hist:
+                    self._record_knapsack(i, [s / n] * int(n))

@@ -311,6 +311,58 @@ def test_tracker_state_dict_round_trip_through_json():
     assert other.kappa == 7.0 and other.history == tr.history
 
 
+def test_tracker_knapsack_stats_follow_knapsack_rl():
+    # liziniu/KnapsackRL rl_dataset.py update_sample_state: p_hat = the visit's mean if it had >= 16
+    # rollouts, else the mean of the last 16 rewards over visits; count = rollouts ever recorded
+    # (valid for the allocator from 8). Unseen: (0.0, 0).
+    tr = coba.CapabilityTracker(window=1)
+    first = [1, 1, 1, 1] + [0] * 12                   # 16 rollouts, 4 correct: p_hat = 4/16
+    tr.update([9], [4], [16], rewards=[first])
+    assert [x.tolist() for x in tr.knapsack_stats([9, 5])] == [[0.25, 0.0], [16, 0]]
+    tr.update([9], [8], [8], rewards=[[1] * 8])       # 8 < 16: the last 16 rewards = 8 zeros + 8 ones
+    assert [x.tolist() for x in tr.knapsack_stats([9])] == [[0.5], [24]]
+    assert tr.pass_rates([9])[0] == 1.0               # CoBA's own p_i keeps its window (1 visit)
+    # without the order of the rewards, each rollout of a visit counts s/n (ours):
+    # the last 16 = 8 of the first visit at .25 + 8 ones -> (2 + 8) / 16 = .625
+    tr2 = coba.CapabilityTracker(window=1)
+    tr2.update([9], [4], [16])
+    tr2.update([9], [8], [8])
+    assert tr2.knapsack_stats([9])[0].tolist() == [0.625]
+    with pytest.raises(ValueError, match="rewards"):
+        tr2.update([9], [1], [2], rewards=[[1, 1]])   # sums to 2, not successes = 1
+
+
+def test_tracker_released_init_before_the_first_update():
+    # released BetaAllocator.__init__: (alpha, beta) = (kappa - 2, 2) until the first update; ours
+    # otherwise: F_bar = 1 - prior = .5 -> (5.5, 5.5) at kappa 11
+    assert coba.CapabilityTracker().alpha_beta() == (5.5, 5.5)
+    tr = coba.CapabilityTracker(released_init=True)
+    assert tr.alpha_beta() == (9.0, 2.0)
+    tr.update([0, 1], [1, 1], [2, 2])                  # F_t = .5 -> eq. 7 from now on
+    assert tr.alpha_beta() == (5.5, 5.5)
+    assert coba.CapabilityTracker(released_init=True, schedule="fixed:2,3").alpha_beta() == (2.0, 3.0)
+
+
+def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
+    tr = coba.CapabilityTracker(window=2, released_init=True)
+    tr.update([1, 2], [3, 0], [4, 16], rewards=[[1, 0, 1, 1], [0] * 16])
+    tr.update([1], [2], [8])
+    state = json.loads(json.dumps(tr.state_dict()))
+    tr2 = coba.CapabilityTracker(window=2, released_init=True)
+    tr2.load_state_dict(state)
+    assert [x.tolist() for x in tr2.knapsack_stats([1, 2])] == [x.tolist() for x in tr.knapsack_stats([1, 2])]
+    with pytest.raises(ValueError, match="released_init"):
+        coba.CapabilityTracker(window=2).load_state_dict(state)
+    # a checkpoint from before released_init and the knapsack statistics: released_init = False, and
+    # the statistics are rebuilt from the visits kept: prompt 1's two visits, 3/4 then 2/8, each
+    # rollout at its visit's mean -> 12 rollouts, last 16 = all: (3 + 2) / 12
+    old = {k: v for k, v in state.items() if k not in ("released_init", "knapsack")}
+    tr3 = coba.CapabilityTracker(window=2)
+    tr3.load_state_dict(old)
+    p_hat, n = tr3.knapsack_stats([1, 2])
+    assert n.tolist() == [12, 16] and p_hat.tolist() == pytest.approx([5 / 12, 0.0], abs=1e-15)
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad input: one-line ValueErrors that name the accepted forms
 # ----------------------------------------------------------------------------------------------
