@@ -1,55 +1,136 @@
-"""Experiment: CoBA-RL vs uniform GRPO vs Knapsack-RL at an equal rollout budget, with plots.
+"""Experiment: CoBA-RL vs uniform GRPO vs Knapsack-RL at an equal rollout budget, paired over seeds.
 
 The paper's central claim (arXiv 2602.03048, §3, Table 1, Figure 6): for the same total rollouts,
 capability-oriented allocation learns more. This script reruns that comparison on the offline toy:
-every allocator gets the same model, data, seeds, prompts per step M and total budget B_total = M*G,
-and only the split of B_total across prompts differs.
+every arm gets the same model, data, seeds, prompts per step M and total budget B_total = M*G;
+only the split of B_total across prompts differs (and, for the `+probe` arms, our in-step probe).
 
-    python compare.py            # 4 allocators x 3 seeds, ~20 min on 2 cores
-    python compare.py --quick    # tiny version (what tests/test_compare.py runs)
+    python compare.py --preset headline   # the README's headline table (6 arms x 5 seeds)
+    python compare.py --preset ablation   # Tables 2-3 of the paper: schedules and fixed (alpha, beta)
+    python compare.py --quick             # tiny version (what tests/test_compare.py runs)
 
-Writes results/compare.jsonl (one line per run, then one summary line per allocator) and PNGs:
-accuracy_vs_rollouts.png, budget_vs_pass_rate.png (the paper's Figure 1 idea: exploit first, then
-explore), alpha_beta_failure.png, zero_signal.png. Runs go two at a time (one torch thread each:
-two 1-thread runs side by side double throughput on 2 cores, calibration.md).
+Design (issue 12), so that a difference, if there is one, can be seen:
+- The regime (`REGIME`): lr 5e-5 and a 512-prompt pool revisited every 16 steps, so uniform GRPO's
+  held-out curve is still rising through the ~9 passes over the pool (README: the pilot curves
+  that justify it); with `--probe` the allocators differ from step 1.
+- Power: 1,024 held-out problems (binomial standard error <= .016) and paired seeds: seed s gives
+  every arm the same initial model, the same prompt order and the same held-out set, so arm -
+  uniform is compared seed by seed (paired t, 95% CI) and the seed-to-seed noise cancels. The
+  table also states the smallest difference the design could detect (80% power, alpha = .05).
+- Resumable: each run lives in OUT/runs/<arm>-seed<s>; a finished run is skipped, an interrupted
+  one continues with train.py --resume. Per-run summaries are appended to PRESET/runs.jsonl as
+  they finish, so partial results survive a stop and can be committed.
 
-Metrics (calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve peaks
-and decays, so we report three): final held-out greedy accuracy; area under the accuracy-vs-rollouts
-curve (normalised by its rollout span: the average accuracy over training); rollouts to first reach
-uniform GRPO's mean final accuracy (per seed; "never" if not reached).
+Metrics (calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is
+noisy, so there are three): final held-out greedy accuracy; AUC (average accuracy over training:
+the trapezoid area under acc(rollouts) divided by its span); rollouts to first reach uniform's mean
+final accuracy, and its ratio to uniform's on the same seed (geometric mean, CI on the log ratio).
+Writes PRESET/compare.jsonl and PNGs: accuracy_vs_rollouts.png (95% CI bands), difference_vs_uniform.png,
+budget_vs_pass_rate.png (one panel per allocator), alpha_beta_failure.png, zero_signal.png.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
+import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent
-ALLOCATORS = ["uniform", "knapsack", "coba", "coba-released"]
+
+# Arms: a name and the train.py flags that make it. Everything else is shared (REGIME + preset).
+ARMS = {
+    "uniform": ["--allocator", "uniform"],
+    "knapsack": ["--allocator", "knapsack"],
+    "coba": ["--allocator", "coba"],
+    "coba-released": ["--allocator", "coba-released"],
+    "knapsack+probe": ["--allocator", "knapsack", "--probe"],
+    "coba+probe": ["--allocator", "coba", "--probe"],
+    # paper Table 2 (schedules) and Table 3 (fixed Beta shapes), all on Algorithm 1
+    "coba:explore2exploit": ["--allocator", "coba", "--schedule", "explore2exploit"],
+    "coba:linear-decay": ["--allocator", "coba", "--schedule", "linear-decay"],
+    "coba:fixed(10.5,1.5)": ["--allocator", "coba", "--schedule", "fixed:10.5,1.5"],
+    "coba:fixed(1.5,10.5)": ["--allocator", "coba", "--schedule", "fixed:1.5,10.5"],
+}
+# The lab regime where allocation can matter (issue 12, item 1; README "Results" shows the pilot).
+REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024",
+          "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25"]
+PRESETS = {
+    "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
+                     seeds=[0, 1, 2, 3, 4], steps=150, eval_every=10),
+    "ablation": dict(arms=["uniform", "coba", "coba:explore2exploit", "coba:linear-decay",
+                           "coba:fixed(10.5,1.5)", "coba:fixed(1.5,10.5)"],
+                     seeds=[0, 1, 2, 3, 4], steps=150, eval_every=10),
+}
+QUICK_FLAGS = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32",
+               "--eval-size", "32", "--max-budget", "12"]
+
+# Student t quantiles t_{q, df} for df = 1..30 (q = .975: two-sided 95% CI; q = .80: 80% power).
+# A table, not scipy: the experiment needs nothing beyond numpy. Beyond df 30 the normal values.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042]
+T80 = [1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870,
+       0.868, 0.866, 0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856,
+       0.855, 0.855, 0.854, 0.854]
 
 
-def run_one(allocator: str, seed: int, out: Path, extra: list[str]) -> Path:
-    """One training run as a subprocess (isolated RNG, one thread); returns its output dir."""
-    run_dir = out / "runs" / f"{allocator}-seed{seed}"
-    cmd = [sys.executable, str(REPO / "train.py"), "--allocator", allocator, "--seed", str(seed),
-           "--output-dir", str(run_dir), "--no-progress", "--threads", "1", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    if proc.returncode != 0:
-        raise RuntimeError(f"run {allocator} seed {seed} failed:\n{proc.stderr[-3000:]}")
-    return run_dir
+def t_quantile(table: list[float], df: int, normal: float) -> float:
+    return table[df - 1] if df <= len(table) else normal
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs: one train.py subprocess each (isolated RNG, one torch thread), resumable
+# ----------------------------------------------------------------------------------------------
+def run_dir_for(out: Path, arm: str, seed: int) -> Path:
+    safe = arm.replace(":", "_").replace("(", "").replace(")", "").replace(",", "_")
+    return out / "runs" / f"{safe}-seed{seed}"
 
 
 def read_log(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+    """The run's JSONL records; a torn last line (a run killed mid-write) is ignored."""
+    path = run_dir / "log.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
 
 
+def is_finished(run_dir: Path) -> bool:
+    return any(r.get("type") == "summary" for r in read_log(run_dir))
+
+
+def run_one(arm: str, seed: int, out: Path, extra: list[str]) -> Path:
+    """One training run; skipped if finished, continued with --resume if it has a checkpoint."""
+    run_dir = run_dir_for(out, arm, seed)
+    if is_finished(run_dir):
+        return run_dir
+    cmd = [sys.executable, str(REPO / "train.py"), *ARMS[arm], "--seed", str(seed),
+           "--output-dir", str(run_dir), "--no-progress", "--threads", "1", *extra]
+    if any(run_dir.glob("checkpoint*")):
+        cmd.append("--resume")
+    elif run_dir.exists():  # started but never checkpointed: nothing to keep
+        shutil.rmtree(run_dir)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0 or not is_finished(run_dir):
+        raise RuntimeError(f"run {arm} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return run_dir
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-run metrics
+# ----------------------------------------------------------------------------------------------
 def curve(log: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(rollouts, held-out greedy accuracy) at each evaluation."""
     evals = [r for r in log if r["type"] == "eval"]
@@ -66,185 +147,337 @@ def rollouts_to_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | No
     return float(x[hit[0]]) if len(hit) else None
 
 
-def summarise_run(allocator: str, seed: int, log: list[dict]) -> dict:
+PASS_BINS = np.linspace(0, 1, 11)  # pass-rate bins of the budget-vs-pass-rate panel
+
+
+def budget_by_pass_rate(train: list[dict]) -> list[float | None]:
+    """Mean B_i per pass-rate bin (10 bins on [0, 1]) over the steps whose allocation saw pass rates."""
+    steps = [r for r in train if r["seen"] > 0]
+    if not steps:
+        return [None] * 10
+    p = np.concatenate([r["pass_rates"] for r in steps])
+    b = np.concatenate([r["budgets"] for r in steps])
+    which = np.clip(np.digitize(p, PASS_BINS) - 1, 0, 9)
+    return [float(b[which == j].mean()) if np.any(which == j) else None for j in range(10)]
+
+
+def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     x, y = curve(log)
     train = [r for r in log if r["type"] == "train"]
     groups = sum(len(r["budgets"]) for r in train)
     rollouts = sum(sum(r["budgets"]) for r in train)
     return {
-        "type": "run", "allocator": allocator, "seed": seed, "rollouts": x.tolist(), "acc": y.tolist(),
+        "type": "run", "arm": arm, "seed": seed, "rollouts": x.tolist(), "acc": y.tolist(),
         "final_acc": float(y[-1]), "start_acc": float(y[0]), "auc": auc(x, y),
         "zero_signal_group_share": sum(r["zero_signal_groups"] for r in train) / groups,
         "zero_signal_rollout_share": sum(r["zero_signal_rollouts"] for r in train) / rollouts,
         "train_seconds": train[-1]["seconds"], "total_rollouts": train[-1]["rollouts"],
         "max_budget_seen": max(max(r["budgets"]) for r in train),
+        "budget_by_pass_rate": budget_by_pass_rate(train),
+        "prompts_at_min_budget": float(np.mean([np.mean(np.array(r["budgets"]) == min(r["budgets"]))
+                                                for r in train if r["seen"] > 0] or [float("nan")])),
+        "alpha_t": [r["alpha_t"] for r in train], "F_t": [r["F_t"] for r in train],
     }
 
 
-def summarise(runs: list[dict]) -> list[dict]:
-    """Per allocator: mean and std over seeds, and rollouts to reach uniform's mean final accuracy."""
-    target = float(np.mean([r["final_acc"] for r in runs if r["allocator"] == "uniform"]))
-    rows = []
-    for allocator in dict.fromkeys(r["allocator"] for r in runs):
-        mine = [r for r in runs if r["allocator"] == allocator]
+# ----------------------------------------------------------------------------------------------
+# Paired statistics: arm - uniform on the same seed
+# ----------------------------------------------------------------------------------------------
+def paired_t(diffs) -> dict:
+    """Mean of paired differences with a two-sided 95% t interval (n - 1 degrees of freedom)."""
+    d = np.asarray(diffs, float)
+    n, mean = len(d), float(np.mean(d)) if len(d) else float("nan")
+    if n < 2:
+        return {"n": n, "mean": mean, "lo": float("nan"), "hi": float("nan"), "sd": float("nan")}
+    sd = float(np.std(d, ddof=1))
+    half = t_quantile(T975, n - 1, 1.960) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half, "sd": sd}
+
+
+def min_detectable(sd: float, n: int) -> float:
+    """Smallest true paired difference found with 80% power by a two-sided 5% paired t test:
+    (t_.975 + t_.80) * sd / sqrt(n), sd = the standard deviation of the paired differences."""
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    return (t_quantile(T975, n - 1, 1.960) + t_quantile(T80, n - 1, 0.842)) * sd / math.sqrt(n)
+
+
+def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict], list[dict]]:
+    """Per arm: means over seeds; vs the baseline (paired by seed): differences with 95% CIs and
+    the rollouts ratio to reach the baseline's mean final accuracy."""
+    by = {}
+    for r in runs:
+        by.setdefault(r["arm"], {})[r["seed"]] = r
+    base = by.get(baseline, {})
+    target = float(np.mean([r["final_acc"] for r in base.values()])) if base else float("nan")
+    summary, diffs = [], []
+    for arm, seeds in by.items():
+        mine = list(seeds.values())
+        row = {"type": "summary", "arm": arm, "seeds": sorted(seeds), "target_acc": target}
+        for key in ("final_acc", "auc", "zero_signal_group_share", "zero_signal_rollout_share", "train_seconds",
+                    "prompts_at_min_budget"):
+            vals = np.array([r[key] for r in mine], float)
+            row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
         reach = [rollouts_to_reach(np.array(r["rollouts"]), np.array(r["acc"]), target) for r in mine]
         got = [v for v in reach if v is not None]
-        row = {"type": "summary", "allocator": allocator, "seeds": [r["seed"] for r in mine],
-               "uniform_final_acc_target": target, "reached": f"{len(got)}/{len(mine)}",
-               "rollouts_to_target_mean": float(np.mean(got)) if got else None,
-               "rollouts_to_target_std": float(np.std(got)) if got else None}
-        for key in ("final_acc", "auc", "zero_signal_group_share", "zero_signal_rollout_share", "train_seconds"):
-            vals = np.array([r[key] for r in mine])
-            row[f"{key}_mean"], row[f"{key}_std"] = float(vals.mean()), float(vals.std())
-        rows.append(row)
-    return rows
+        row["reached"], row["rollouts_to_target_mean"] = f"{len(got)}/{len(mine)}", (
+            float(np.mean(got)) if got else None)
+        summary.append(row)
+        if arm == baseline:
+            continue
+        common = sorted(set(seeds) & set(base))
+        d = {"type": "paired", "arm": arm, "baseline": baseline, "seeds": common}
+        for key in ("final_acc", "auc"):
+            res = paired_t([seeds[s][key] - base[s][key] for s in common])
+            d[key] = res
+            d[f"{key}_min_detectable"] = min_detectable(res["sd"], res["n"])
+        # rollouts-to-target ratio, seed by seed; a run that never reaches the target has ratio inf
+        ratios = []
+        for s in common:
+            a = rollouts_to_reach(np.array(seeds[s]["rollouts"]), np.array(seeds[s]["acc"]), target)
+            b = rollouts_to_reach(np.array(base[s]["rollouts"]), np.array(base[s]["acc"]), target)
+            if b is not None:
+                ratios.append(math.inf if a is None else max(a, 1.0) / max(b, 1.0))
+        if ratios and all(math.isfinite(r) for r in ratios):
+            res = paired_t(np.log(ratios))
+            d["rollout_ratio"] = {"n": res["n"], "geo_mean": math.exp(res["mean"]),
+                                  "lo": math.exp(res["lo"]) if math.isfinite(res["lo"]) else None,
+                                  "hi": math.exp(res["hi"]) if math.isfinite(res["hi"]) else None}
+        else:
+            d["rollout_ratio"] = {"n": len(ratios), "geo_mean": None, "lo": None, "hi": None,
+                                  "never": sum(not math.isfinite(r) for r in ratios)}
+        diffs.append(d)
+    return summary, diffs
 
 
 # ----------------------------------------------------------------------------------------------
-# Plots
+# Tables and plots
 # ----------------------------------------------------------------------------------------------
-def plot_all(out: Path, runs: list[dict], logs: dict) -> list[Path]:
+def _ci(d: dict) -> str:
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d["n"] > 1 else f"{d['mean']:+.3f}"
+
+
+def markdown_table(summary: list[dict], diffs: list[dict]) -> str:
+    diff = {d["arm"]: d for d in diffs}
+    lines = ["| arm | final acc | AUC | final acc - uniform [95% CI] | AUC - uniform [95% CI] "
+             "| rollouts to uniform's final acc, ratio [95% CI] | zero-signal rollouts |",
+             "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        d = diff.get(s["arm"])
+        if d is None:
+            cells = ["(baseline)", "(baseline)", f"1 ({s['reached']} seeds reach {s['target_acc']:.3f})"]
+        else:
+            r = d["rollout_ratio"]
+            ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
+                     if r["geo_mean"] is not None else f"never on {r.get('never', '?')}/{r['n']} seeds")
+            cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
+        lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
+                     f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | " + " | ".join(cells)
+                     + f" | {s['zero_signal_rollout_share_mean']:.2f} |")
+    mdes = [d["final_acc_min_detectable"] for d in diffs if math.isfinite(d["final_acc_min_detectable"])]
+    if mdes:
+        lines.append(f"\nSmallest detectable difference in final accuracy (80% power, paired t, "
+                     f"n = {diffs[0]['final_acc']['n']} seeds): {min(mdes):.3f} to {max(mdes):.3f} "
+                     f"(AUC: {min(d['auc_min_detectable'] for d in diffs):.3f} to "
+                     f"{max(d['auc_min_detectable'] for d in diffs):.3f}).")
+    return "\n".join(lines)
+
+
+def plot_all(out: Path, runs: list[dict], diffs: list[dict]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on CI
     import matplotlib.pyplot as plt
 
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(arms)}
     paths = []
-    colors = dict(zip(ALLOCATORS, ["tab:gray", "tab:orange", "tab:blue", "tab:green"]))
 
-    # 1. held-out accuracy vs rollouts consumed: mean over seeds, band = min..max
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for allocator in dict.fromkeys(r["allocator"] for r in runs):
-        mine = [r for r in runs if r["allocator"] == allocator]
-        x = np.array(mine[0]["rollouts"])
-        ys = np.array([r["acc"] for r in mine])
-        ax.plot(x, ys.mean(0), label=f"{allocator} (n={len(mine)})", color=colors.get(allocator))
-        ax.fill_between(x, ys.min(0), ys.max(0), alpha=0.15, color=colors.get(allocator))
+    def band(ys):  # mean and 95% t band over seeds, (E,) each
+        n = len(ys)
+        m = ys.mean(0)
+        h = t_quantile(T975, n - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(m)
+        return m, m - h, m + h
+
+    # 1. held-out accuracy vs rollouts consumed: mean over seeds, 95% CI band
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for arm in arms:
+        mine = [r for r in runs if r["arm"] == arm]
+        E = min(len(r["acc"]) for r in mine)
+        m, lo, hi = band(np.array([r["acc"][:E] for r in mine]))
+        x = np.array(mine[0]["rollouts"][:E])
+        ax.plot(x, m, label=f"{arm} (n={len(mine)})", color=colors[arm])
+        ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
     ax.set(xlabel="rollouts consumed", ylabel="held-out greedy accuracy",
-           title="Equal rollout budget: accuracy vs rollouts (mean, min-max over seeds)")
-    ax.legend()
+           title="Equal rollout budget: accuracy vs rollouts (mean, 95% CI over seeds)")
+    ax.legend(fontsize=8)
     paths.append(_save(fig, out / "accuracy_vs_rollouts.png"))
 
-    # 2. budget per prompt vs its pass rate, early / middle / late (Figure 1 idea), first coba seed
-    key = next((k for k in logs if k[0] == "coba"), None)
-    if key is not None:
-        train = [r for r in logs[key] if r["type"] == "train" and r["seen"] > 0]
-        if train:
-            fig, axes = plt.subplots(1, 3, figsize=(11, 3.4), sharey=True)
-            thirds = np.array_split(np.arange(len(train)), 3)
-            for ax, idx, name in zip(axes, thirds, ["early", "middle", "late"]):
-                if len(idx) == 0:  # fewer allocated steps than panels (the --quick run)
-                    continue
-                p = np.concatenate([train[i]["pass_rates"] for i in idx])
-                b = np.concatenate([train[i]["budgets"] for i in idx])
-                ax.scatter(p, b, s=6, alpha=0.3)
-                bins = np.linspace(0, 1, 11)
-                which = np.clip(np.digitize(p, bins) - 1, 0, 9)
-                means = [b[which == j].mean() if np.any(which == j) else np.nan for j in range(10)]
-                ax.plot((bins[:-1] + bins[1:]) / 2, means, "r-o", ms=3, label="mean B_i")
-                a = np.mean([train[i]["alpha_t"] for i in idx])
-                ax.set(title=f"{name} steps (mean alpha_t={a:.2f})", xlabel="pass rate p_i (last visit)")
-            axes[0].set_ylabel("budget B_i")
-            axes[0].legend()
-            fig.suptitle(f"CoBA budget vs pass rate, seed {key[1]}")
-            paths.append(_save(fig, out / "budget_vs_pass_rate.png"))
+    # 2. paired difference from uniform along training, 95% CI band
+    base = {r["seed"]: r for r in runs if r["arm"] == "uniform"}
+    if base:
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        for arm in arms:
+            mine = [r for r in runs if r["arm"] == arm and r["seed"] in base and arm != "uniform"]
+            if not mine:
+                continue
+            E = min(min(len(r["acc"]), len(base[r["seed"]]["acc"])) for r in mine)
+            d = np.array([np.array(r["acc"][:E]) - np.array(base[r["seed"]]["acc"][:E]) for r in mine])
+            m, lo, hi = band(d)
+            x = np.array(mine[0]["rollouts"][:E])
+            ax.plot(x, m, label=arm, color=colors[arm])
+            ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set(xlabel="rollouts consumed", ylabel="accuracy - uniform (same seed)",
+               title="Paired difference from uniform GRPO (mean, 95% CI)")
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, out / "difference_vs_uniform.png"))
 
-        # 3. alpha_t / beta_t and the global failure rate over training
-        train = [r for r in logs[key] if r["type"] == "train"]
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        steps = [r["step"] for r in train]
-        ax.plot(steps, [r["alpha_t"] for r in train], label="alpha_t")
-        ax.plot(steps, [r["beta_t"] for r in train], label="beta_t")
-        ax.set(xlabel="step", ylabel="Beta shape (eq. 7)")
+    # 3. budget vs pass rate, one panel per arm (the paper's Figure 1 idea)
+    shown = [a for a in arms if a != "uniform"]
+    if shown:
+        fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown) + 1, 3.2), sharey=True, squeeze=False)
+        centers = (PASS_BINS[:-1] + PASS_BINS[1:]) / 2
+        for ax, arm in zip(axes[0], shown):
+            for r in (r for r in runs if r["arm"] == arm):
+                y = np.array([np.nan if v is None else v for v in r["budget_by_pass_rate"]])
+                ax.plot(centers, y, "-o", ms=2.5, alpha=0.6, color=colors[arm])
+            ax.set(title=arm, xlabel="pass rate p_i")
+            ax.title.set_fontsize(9)
+        axes[0][0].set_ylabel("mean budget B_i (one line per seed)")
+        fig.suptitle("Where the budget goes: mean B_i per pass-rate bin")
+        paths.append(_save(fig, out / "budget_vs_pass_rate.png"))
+
+    # 4. alpha_t and the global failure rate F_t over training (first coba-like arm, seed-mean)
+    coba_arms = [a for a in arms if a.startswith("coba")]
+    if coba_arms:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for arm in coba_arms:
+            mine = [r for r in runs if r["arm"] == arm]
+            S = min(len(r["alpha_t"]) for r in mine)
+            ax.plot(np.arange(1, S + 1), np.mean([r["alpha_t"][:S] for r in mine], 0), color=colors[arm],
+                    label=f"alpha_t {arm}")
+        ax.set(xlabel="step", ylabel="alpha_t (eq. 7; beta_t = kappa - alpha_t)")
         ax2 = ax.twinx()
-        ax2.plot(steps, [r["F_t"] for r in train], color="k", alpha=0.5, label="F_t (eq. 4)")
+        mine = [r for r in runs if r["arm"] == coba_arms[0]]
+        S = min(len(r["F_t"]) for r in mine)
+        ax2.plot(np.arange(1, S + 1), np.mean([r["F_t"][:S] for r in mine], 0), color="k", alpha=0.4,
+                 label=f"F_t (eq. 4), {coba_arms[0]}")
         ax2.set_ylabel("global failure rate F_t")
-        fig.legend(loc="upper right")
-        ax.set_title(f"CoBA capability signal, seed {key[1]}")
+        fig.legend(loc="lower left", fontsize=7)
+        ax.set_title("CoBA's capability signal (mean over seeds)")
         paths.append(_save(fig, out / "alpha_beta_failure.png"))
 
-    # 4. share of zero-signal groups (and of rollouts spent in them) per allocator
-    summ = summarise(runs)
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    names = [s["allocator"] for s in summ]
-    xs = np.arange(len(names))
-    ax.bar(xs - 0.2, [s["zero_signal_group_share_mean"] for s in summ], 0.4,
-           yerr=[s["zero_signal_group_share_std"] for s in summ], label="groups")
-    ax.bar(xs + 0.2, [s["zero_signal_rollout_share_mean"] for s in summ], 0.4,
-           yerr=[s["zero_signal_rollout_share_std"] for s in summ], label="rollouts")
-    ax.set_xticks(xs, names)
-    ax.set(ylabel="share with zero advantage", title="Zero-signal groups (all rewards equal)")
+    # 5. share of zero-signal rollouts (all rewards in the group equal: no gradient)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = np.arange(len(arms))
+    for key, off, name in (("zero_signal_group_share", -0.2, "groups"), ("zero_signal_rollout_share", 0.2, "rollouts")):
+        vals = [[r[key] for r in runs if r["arm"] == a] for a in arms]
+        ax.bar(xs + off, [np.mean(v) for v in vals], 0.4, yerr=[np.std(v) for v in vals], label=name)
+    ax.set_xticks(xs, arms, rotation=20, fontsize=8)
+    ax.set(ylabel="share with zero advantage", title="Zero-signal groups and rollouts")
     ax.legend()
     paths.append(_save(fig, out / "zero_signal.png"))
     return paths
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
 
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def markdown_table(summary: list[dict]) -> str:
-    lines = ["| allocator | final acc | avg acc over training (AUC) | rollouts to reach uniform's final acc "
-             "| zero-signal groups | zero-signal rollouts |", "|---|---|---|---|---|---|"]
-    for s in summary:
-        reach = ("never" if s["rollouts_to_target_mean"] is None else
-                 f"{s['rollouts_to_target_mean']:.0f} ± {s['rollouts_to_target_std']:.0f} ({s['reached']} seeds)")
-        lines.append(f"| {s['allocator']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
-                     f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | {reach} "
-                     f"| {s['zero_signal_group_share_mean']:.2f} | {s['zero_signal_rollout_share_mean']:.2f} |")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> list[dict]:
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--allocators", nargs="+", default=ALLOCATORS, choices=ALLOCATORS)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per allocator and seed")
-    ap.add_argument("--steps", type=int, default=150, help="RL steps per run")
-    ap.add_argument("--eval-every", type=int, default=10, help="held-out evaluation interval (steps)")
-    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (one torch thread each)")
-    ap.add_argument("--out", default="results", help="where compare.jsonl, plots and runs/ go")
-    ap.add_argument("--quick", action="store_true", help="tiny version for tests: 2 allocators... see code")
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 epilog="Unknown flags are passed to every train.py run.")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="headline",
+                    help="which table: headline (allocators, probe) or ablation (schedules, fixed Beta)")
+    ap.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="override the preset's arms")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override the preset's seeds (paired)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 150)")
+    ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation interval (steps)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each (2 cores: 2)")
+    ap.add_argument("--out", default="results", help="runs/ go here; tables and plots in OUT/PRESET")
+    ap.add_argument("--quick", action="store_true", help="tiny, for tests: 2 seeds, 6 steps, small pool")
+    ap.add_argument("--plots-only", action="store_true", help="redo tables and plots from finished runs")
     args, train_flags = ap.parse_known_args(argv)
+    preset = PRESETS[args.preset]
+    args.arms = args.arms or list(preset["arms"])
+    args.seeds = args.seeds if args.seeds is not None else list(preset["seeds"])
+    args.steps = args.steps or preset["steps"]
+    args.eval_every = args.eval_every or preset["eval_every"]
     if args.quick:
         args.steps, args.eval_every = 6, 3
-        train_flags += ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32",
-                        "--eval-size", "32", "--max-budget", "12"]
+        if "--seeds" not in (argv or sys.argv[1:]):
+            args.seeds = [0, 1]
+    # one-line errors (issue 16): nothing silently wrong
+    if len(set(args.seeds)) != len(args.seeds):
+        ap.error(f"--seeds has duplicates ({args.seeds}): each (arm, seed) is one run; pass distinct seeds")
+    if len(set(args.arms)) != len(args.arms):
+        ap.error(f"--arms has duplicates ({args.arms})")
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1 (runs in parallel), got {args.jobs}")
+    if args.steps < 1 or args.eval_every < 1:
+        ap.error("--steps and --eval-every must be >= 1")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    extra = ["--steps", str(args.steps), "--eval-every", str(args.eval_every), *train_flags]
-    jobs = [(a, s) for s in args.seeds for a in args.allocators]
+    if out.exists() and not out.is_dir():
+        ap.error(f"--out {out} is a file: pass a directory")
+    args.table_dir = out / ("quick" if args.quick else args.preset)
+    return args, train_flags
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, train_flags = parse_args(argv)
+    out = Path(args.out)
+    args.table_dir.mkdir(parents=True, exist_ok=True)
+    extra = [*(QUICK_FLAGS if args.quick else REGIME), "--steps", str(args.steps),
+             "--eval-every", str(args.eval_every), *train_flags]
+    jobs = [(a, s) for s in args.seeds for a in args.arms]
     from tqdm.auto import tqdm
 
     import toy
 
     toy.ensure_toy_model()  # build once here, not in two runs at a time
     t0 = time.time()
-    bar = tqdm(total=len(jobs), desc="compare runs")
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(run_one, a, s, out, extra): (a, s) for a, s in jobs}
-        logs = {}
-        for fut in futures:
-            logs[futures[fut]] = read_log(fut.result())
-            bar.update(1)
-    bar.close()
+    runs_path = args.table_dir / "runs.jsonl"
+    if not args.plots_only:
+        bar = tqdm(total=len(jobs), desc=f"compare {args.preset} runs")
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(run_one, a, s, out, extra): (a, s) for a, s in jobs}
+            for fut in as_completed(futures):
+                fut.result()  # a failed run raises here, with its stderr
+                bar.update(1)
+        bar.close()
     wall = time.time() - t0
-    runs = [summarise_run(a, s, logs[(a, s)]) for a, s in jobs]
-    summary = summarise(runs) if any(r["allocator"] == "uniform" for r in runs) else []
-    with (out / "compare.jsonl").open("w") as f:
-        f.write(json.dumps({"type": "config", "argv": sys.argv[1:] if argv is None else argv,
-                            "train_flags": extra, "wall_seconds": round(wall, 1)}) + "\n")
-        for row in runs + summary:
+    runs = []
+    for a, s in jobs:
+        log = read_log(run_dir_for(out, a, s))
+        if any(r.get("type") == "summary" for r in log):
+            runs.append(summarise_run(a, s, log))
+    with runs_path.open("w") as f:  # per-run summaries: small, committed, enough to redo the plots
+        for r in runs:
+            f.write(json.dumps(r) + "\n")
+    summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
+    with (args.table_dir / "compare.jsonl").open("w") as f:
+        f.write(json.dumps({"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
+                            "train_flags": extra, "arms": {a: ARMS[a] for a in args.arms}, "seeds": args.seeds,
+                            "wall_seconds": round(wall, 1)}) + "\n")
+        for row in summary + diffs:
             f.write(json.dumps(row) + "\n")
-    plots = plot_all(out, runs, logs) if summary else []
-    print(markdown_table(summary) if summary else "(no uniform runs: no summary)")
-    print(f"wall time {wall:.0f} s; wrote {out / 'compare.jsonl'} and {len(plots)} plots")
-    return runs + summary
+    plots = plot_all(args.table_dir, runs, diffs) if runs else []
+    table = markdown_table(summary, diffs) if summary else "(no uniform runs: no table)"
+    (args.table_dir / "table.md").write_text(table + "\n")
+    print(table)
+    print(f"wall time {wall:.0f} s ({len(runs)} finished runs); wrote {args.table_dir / 'compare.jsonl'}, "
+          f"table.md and {len(plots)} plots")
+    return {"runs": runs, "summary": summary, "paired": diffs, "wall_seconds": wall}
 
 
 if __name__ == "__main__":

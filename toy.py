@@ -62,18 +62,23 @@ def make_problem(rng: random.Random, level: int) -> dict:
     return {"question": f"{expr}=", "answer": str(eval(expr)), "level": level}
 
 
-def make_pool(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
-    """n distinct problems, levels round-robin, none of whose questions is in `exclude`.
+def make_pool(n: int, seed: int, exclude: set[str] = frozenset(), level_cap: dict[int, int] | None = None) -> list[dict]:
+    """n distinct problems, levels round-robin, none of whose questions is in `exclude`, at most
+    level_cap[level] problems of a capped level.
 
     Gives up on a level after 50 fruitless draws (levels 0 and 2 hold only 100 problems), so the
     pool may be a little smaller than n; the caller sees len(pool).
     """
     rng = random.Random(seed)
     seen, pool, misses = set(exclude), [], [0] * len(LEVELS)
+    counts = [0] * len(LEVELS)
+    cap = level_cap or {}
     for i in range(n * 50):
         if len(pool) >= n or min(misses) >= 50:
             break
         level = i % len(LEVELS)
+        if counts[level] >= cap.get(level, n):
+            misses[level] = 50  # full: from now on like an exhausted level
         if misses[level] >= 50:
             continue
         prob = make_problem(rng, level)
@@ -82,13 +87,18 @@ def make_pool(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
             continue
         seen.add(prob["question"])
         pool.append(prob)
+        counts[level] += 1
     return pool
 
 
 def make_splits(seed: int = 0, n_train: int = 1024, n_test: int = 256) -> tuple[list[dict], list[dict]]:
     """(train pool, held-out test set), disjoint by question. The test split does not depend on
-    n_train, so runs with different pool sizes are evaluated on the same problems."""
-    test = make_pool(n_test, seed=10_000 + seed)
+    n_train, so runs with different pool sizes are evaluated on the same problems.
+
+    The test split takes at most half of a small level's 100 distinct problems (levels 0 and 2),
+    so a large held-out set (compare.py uses 1,024) cannot empty those levels from the train pool;
+    below 400 test problems the cap never binds and the split is as it always was."""
+    test = make_pool(n_test, seed=10_000 + seed, level_cap={0: 50, 2: 50})
     train = make_pool(n_train, seed=20_000 + seed, exclude={p["question"] for p in test})
     return train, test
 
