@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import random
 import shutil
 import signal
@@ -73,6 +75,32 @@ PRESETS = {
                 eval_size=500),
 }
 
+# Accepted range of each numeric flag, in interval notation ("[" includes the end, "(" excludes it).
+# resolve_args rejects a value outside it, or NaN, in one line that quotes the range. kappa, gamma,
+# prior, tau and failure_window are checked by coba.py with the paper's meaning in the message.
+FLAG_RANGES = {
+    "eval_size": "[0, inf)", "train_size": "[1, inf)", "max_prompt_length": "[1, inf)",
+    "prompts_per_step": "[1, inf)", "num_generations": "[1, inf)", "total_budget": "[1, inf)",
+    "min_budget": "[1, inf)", "max_budget": "[1, inf)",
+    "learning_rate": "[0, inf)", "warmup_lr_steps": "[0, inf)", "beta": "[0, inf)",
+    "epsilon": "[0, 1)",  # the ratio is clipped at 1 - epsilon, which must stay > 0
+    "epsilon_high": "[0, inf)", "num_mini_batches": "[1, inf)",
+    "max_grad_norm": "(0, inf)",  # clip_grad_norm_ with a negative norm flips the gradient's sign
+    "micro_batch_size": "[1, inf)", "temperature": "(0, inf)", "top_p": "(0, 1]",
+    "max_completion_length": "[1, inf)", "generation_batch_size": "[1, inf)",
+    "vllm_gpu_memory_utilization": "(0, 1]", "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
+    "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
+    "save_every": "[1, inf)", "threads": "[1, inf)",
+}
+
+
+def out_of_range(value: float, interval: str) -> bool:
+    """True when value lies outside interval ("[0, 1)" style) or is NaN: NaN fails every comparison."""
+    low, high = (float(x) for x in interval[1:-1].split(","))
+    above_low = value > low if interval[0] == "(" else value >= low
+    below_high = value < high if interval[-1] == ")" else value <= high
+    return not (above_low and below_high)
+
 
 # ----------------------------------------------------------------------------------------------
 # Command line
@@ -90,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--answer-field", default=None, help="column holding the reference answer")
     g.add_argument("--eval-files", nargs="*", default=[], help="extra local benchmark files "
                    "(.jsonl with question/answer) evaluated beside the held-out split")
-    g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 256)")
+    g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 256); sliced "
+                   "from a file without a test split, at most a fifth of it")
     g.add_argument("--train-size", type=int, default=1024,
                    help="training pool size for the toy (revisited each epoch: pass rates need "
                         "an earlier visit, method.md §3)")
@@ -98,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="format of the user turn; toy: '{question}', else adds the \\boxed{} instruction")
     g.add_argument("--prompt-format", choices=["auto", "chat", "plain"], default="auto",
                    help="chat: apply the tokenizer's chat template (auto: if it has one, not on the toy)")
+    g.add_argument("--max-prompt-length", type=int, default=1024,
+                   help="prompt tokens, chat template included (TRL's name; TRL's default is 512): longer "
+                        "problems are skipped and counted, not truncated (a cut question keeps its answer)")
+    g.add_argument("--bad-rows", choices=["skip", "error"], default="skip",
+                   help="rows of a data file without a usable question or answer (missing, null, empty): "
+                        "skip and count them, or stop at the first with its file:line")
     g = ap.add_argument_group("CoBA-RL allocation (paper §2.3-2.4)")
     g.add_argument("--allocator", choices=allocate.ALLOCATORS, default="coba",
                    help="uniform = GRPO; knapsack = Knapsack-RL; coba = paper's Algorithm 1; "
@@ -157,7 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=None, help="RL steps (toy 150)")
     g.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and model")
     g.add_argument("--output-dir", default="runs/default", help="JSONL log, checkpoint and plots go here")
-    g.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete OUTPUT_DIR/checkpoint-<step> (same flags, "
+                        "except those in RESUME_MAY_CHANGE; a larger --steps extends a finished run)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="delete the run already in OUTPUT_DIR (log, checkpoints) and start afresh")
     g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
     g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
@@ -174,6 +213,24 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key, interval in FLAG_RANGES.items():
+        value = getattr(args, key, None)
+        if value is not None and out_of_range(value, interval):
+            ap.error(f"--{key.replace('_', '-')} must be in {interval}, got {value}")
+    if args.resume and args.overwrite:
+        ap.error("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
+    if args.device is not None:  # fail here, not in the first .to(device) minutes later
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            ap.error(f"--device {args.device!r} is not a torch device: use cpu or cuda")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            ap.error(f"--device {args.device}: no CUDA device here (torch.cuda.is_available() is False): "
+                     "use --device cpu")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            ap.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        if device.type not in ("cpu", "cuda"):
+            ap.error(f"--device {args.device}: use cpu or cuda")
     M, G = args.prompts_per_step, args.num_generations
     if args.total_budget is None:
         args.total_budget = M * G
@@ -188,12 +245,6 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
                                kappa=args.kappa, schedule=args.schedule_obj)
     except ValueError as e:
         ap.error(str(e))
-    if args.steps < 1 or M < 1 or G < 1:
-        ap.error("--steps, --prompts-per-step and --num-generations must be >= 1")
-    if args.min_budget < 1:
-        ap.error("--min-budget must be >= 1 (a group needs at least one rollout)")
-    if args.eval_samples < 0:
-        ap.error("--eval-samples k must be >= 0 (0 = greedy accuracy only)")
     return args
 
 
@@ -236,6 +287,12 @@ def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
         raise SystemExit(
             f"error: cannot load model '{args.model}' ({first[:200]}): pass 'toy', an alias ("
             f"{', '.join(MODEL_ALIASES)}), a hub id with network access, or a local model directory")
+    if "gguf_file" in kwargs:
+        # transformers de-quantizes a GGUF file to `dtype` tensors on load but leaves its GGUF quantizer
+        # on the model, and save_pretrained then refuses ("quantized with gguf ... not serializable"):
+        # drop the marks, so checkpoints hold the plain weights that from_pretrained reads back.
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
     tokenizer.padding_side = "left"  # prompts end where generation starts
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -255,6 +312,26 @@ def _field(record: dict, dotted: str):
     return value
 
 
+_MISSING = object()  # a row without the field at all, told apart from a field that is null
+
+
+def _field_or_missing(record, dotted: str):
+    try:
+        return _field(record, dotted)
+    except (KeyError, TypeError, IndexError):  # no such key, a row that is not an object, empty list
+        return _MISSING
+
+
+def usable_text(value) -> str | None:
+    """A question or answer as text, or None when nothing can be learnt from it: missing, null, empty,
+    a list or an object (str(None) would otherwise turn a null into the question "None")."""
+    if isinstance(value, bool) or value is None or value is _MISSING:
+        return None
+    if isinstance(value, (int, float)):  # numeric answers ("answer": 72) are fine
+        return str(value) if math.isfinite(value) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
 def reference_answer(raw) -> str:
     """GSM8K answers end in '#### 42' and MATH solutions hold a \\boxed{}: keep only the final answer."""
     text = str(raw)
@@ -265,40 +342,96 @@ def reference_answer(raw) -> str:
     return text.strip()
 
 
-def to_records(rows, question_field: str, answer_field: str, source: str) -> list[dict]:
+def to_records(rows, question_field: str, answer_field: str, source: str, where: list[str] | None = None,
+               bad_rows: str = "skip", counts: dict | None = None) -> list[dict]:
+    """Rows -> [{'question', 'answer'}] strings. Every row is checked, not just the first: a row
+    without a usable question or answer is skipped and counted (counts['skipped_rows']), or with
+    bad_rows='error' stops the run at its place (where[i], e.g. 'data.jsonl:17'). A field that no row
+    has is a misnamed column: one error naming the columns and the flag to pass."""
     rows = list(rows)
-    if rows:
-        for name in (question_field, answer_field):
+    where = where or [f"{source} row {i + 1}" for i in range(len(rows))]
+    pairs = [(_field_or_missing(r, question_field), _field_or_missing(r, answer_field)) for r in rows]
+    for k, (name, flag) in enumerate(((question_field, "--question-field"), (answer_field, "--answer-field"))):
+        if rows and all(pair[k] is _MISSING for pair in pairs):
+            cols = ", ".join(sorted(rows[0])) if isinstance(rows[0], dict) else "?"
+            raise SystemExit(f"error: {source} has no column '{name}' (columns: {cols}): pass {flag}")
+    records, skipped = [], []
+    for place, (q, a) in zip(where, pairs):
+        question, answer = usable_text(q), usable_text(a)
+        if question is None or answer is None:
+            if bad_rows == "error":
+                name = question_field if question is None else answer_field
+                raise SystemExit(f"error: {place}: no usable '{name}' (missing, null or empty): fix the "
+                                 "row, or pass --bad-rows skip to skip such rows")
+            skipped.append(place)
+            continue
+        records.append({"question": question, "answer": reference_answer(answer)})
+    if skipped:
+        print(f"note: skipped {len(skipped)} of {len(rows)} rows without a usable question or answer "
+              f"(first: {skipped[0]}); --bad-rows error stops at them instead", file=sys.stderr)
+        if counts is not None:
+            counts["skipped_rows"] = counts.get("skipped_rows", 0) + len(skipped)
+    return records
+
+
+def read_json_rows(path: Path, question_field: str) -> tuple[list, list[str]]:
+    """(rows, where each came from) of a .jsonl/.json file: JSON Lines ('file:line'), a JSON array,
+    an object holding one array of rows ({"data": [...]}), or one (pretty-printed) problem. A BOM is
+    dropped; bytes that are not UTF-8 and lines that are not JSON are one-line errors with file:line."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # -sig: a leading BOM (Windows editors) is not part of row 1
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise SystemExit(f"error: {path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8: save the file as UTF-8")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as e:
+        whole = e  # JSON Lines (or broken): read line by line below
+    if isinstance(whole, list):
+        return whole, [f"{path} item {i + 1}" for i in range(len(whole))]
+    if isinstance(whole, dict):
+        arrays = [(k, v) for k, v in whole.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        if _field_or_missing(whole, question_field) is _MISSING and len(arrays) == 1:
+            key, rows = arrays[0]
+            return rows, [f"{path} {key}[{i}]" for i in range(len(rows))]
+        return [whole], [f"{path}:1"]
+    if not isinstance(whole, json.JSONDecodeError):
+        raise SystemExit(f"error: {path}: holds a JSON {type(whole).__name__}, not problems (objects)")
+    if text.lstrip().startswith("["):  # a broken array, not JSON Lines: its own error position is the useful one
+        raise SystemExit(f"error: {path}:{whole.lineno}: not valid JSON ({whole.msg})")
+    rows, where = [], []
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines(): JSON strings may hold U+2028
+        if line.strip():
             try:
-                _field(rows[0], name)
-            except (KeyError, TypeError, IndexError):
-                cols = ", ".join(sorted(rows[0])) if isinstance(rows[0], dict) else "?"
-                flag = "--question-field" if name == question_field else "--answer-field"
-                raise SystemExit(f"error: {source} has no column '{name}' (columns: {cols}): pass {flag}")
-    return [{"question": str(_field(r, question_field)), "answer": reference_answer(_field(r, answer_field))}
-            for r in rows]
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"error: {path}:{number}: not valid JSON ({e.msg}, column {e.colno})")
+            where.append(f"{path}:{number}")
+    return rows, where
 
 
-def read_local(path: str, question_field: str, answer_field: str) -> list[dict]:
+def read_local(path: str, question_field: str, answer_field: str, bad_rows: str = "skip",
+               counts: dict | None = None) -> list[dict]:
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise SystemExit(f"error: dataset file {path} does not exist")
     if p.suffix == ".parquet":
         import datasets
 
-        rows = datasets.load_dataset("parquet", data_files=str(p), split="train")
+        rows, where = datasets.load_dataset("parquet", data_files=str(p), split="train"), None
     elif p.suffix in (".jsonl", ".json"):
-        text = p.read_text()
-        rows = json.loads(text) if p.suffix == ".json" and text.lstrip().startswith("[") else \
-            [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows, where = read_json_rows(p, question_field)
     else:
         raise SystemExit(f"error: {path}: use a .jsonl, .json or .parquet file")
-    return to_records(rows, question_field, answer_field, path)
+    return to_records(rows, question_field, answer_field, path, where, bad_rows, counts)
 
 
-def load_data(args) -> tuple[list[dict], dict[str, list[dict]]]:
-    """(train records, {eval name: records}); each record has 'question' and 'answer' strings."""
+def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, list[dict]]]:
+    """(train records, {eval name: records}); each record has 'question' and 'answer' strings.
+    counts (optional) collects the rows skipped on the way, for the log's config line."""
     rng = random.Random(args.seed)
+    held_out = 0
     if args.dataset == "toy":
         import toy
 
@@ -310,7 +443,7 @@ def load_data(args) -> tuple[list[dict], dict[str, list[dict]]]:
             args.dataset, (args.dataset, None, "question", "answer", "train", None))
         qf, af = args.question_field or qf, args.answer_field or af
         if Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
-            train, test_split = read_local(args.dataset, qf, af), None
+            train, test_split = read_local(args.dataset, qf, af, args.bad_rows, counts), None
         else:
             try:
                 import datasets
@@ -319,18 +452,28 @@ def load_data(args) -> tuple[list[dict], dict[str, list[dict]]]:
             except Exception as e:  # offline, unknown name, auth: all end the same way for a user
                 raise SystemExit(f"error: cannot load dataset '{args.dataset}' from the hub ({type(e).__name__}): "
                                  "when offline, pass a local .jsonl/.parquet file with --dataset PATH")
-            train = to_records(ds[train_split], qf, af, args.dataset)
-            test_split = to_records(ds[test_split], qf, af, args.dataset) if test_split in ds else None
+            train = to_records(ds[train_split], qf, af, args.dataset, None, args.bad_rows, counts)
+            test_split = to_records(ds[test_split], qf, af, args.dataset, None, args.bad_rows, counts) \
+                if test_split in ds else None
         if test_split is None:  # hold out a seeded slice of the training data
             rng.shuffle(train)
-            test_split, train = train[:args.eval_size], train[args.eval_size:]
+            # At most a fifth of the file: the hub preset's 500 would otherwise take all of a 40-problem file.
+            held_out = min(args.eval_size, len(train) // 5)
+            if held_out < args.eval_size:
+                print(f"note: {args.dataset} has {len(train)} problems: holding out {held_out} (a fifth) for "
+                      f"evaluation instead of --eval-size {args.eval_size}", file=sys.stderr)
+            test_split, train = train[:held_out], train[held_out:]
         evals = {"heldout": test_split[:args.eval_size]}
     for path in args.eval_files:
         evals[Path(path).stem] = read_local(path, args.question_field or "question",
-                                            args.answer_field or "answer")
+                                            args.answer_field or "answer", args.bad_rows, counts)
+    for name in [name for name, records in evals.items() if not records]:
+        print(f"note: eval set '{name}' is empty: no accuracy is logged for it", file=sys.stderr)
+        del evals[name]  # the mean of no problems is NaN, which would land in the log
     if len(train) < args.prompts_per_step:
-        raise SystemExit(f"error: {len(train)} training problems < --prompts-per-step "
-                         f"{args.prompts_per_step}: lower M or use more data")
+        held = f" ({held_out} more held out by --eval-size)" if held_out else ""
+        raise SystemExit(f"error: {len(train)} training problems{held} < --prompts-per-step "
+                         f"{args.prompts_per_step}: lower --prompts-per-step or --eval-size, or add problems")
     return train, evals
 
 
@@ -342,6 +485,19 @@ def format_prompt(question: str, tokenizer, args) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return text
+
+
+def drop_long_prompts(records: list[dict], tokenizer, args) -> tuple[list[dict], int]:
+    """(problems whose formatted prompt fits --max-prompt-length tokens, how many were dropped).
+    Skipped, not truncated: a question cut short is another question with the same reference answer."""
+    L = args.max_prompt_length
+    texts = [format_prompt(r["question"], tokenizer, args) for r in records]
+    # Past 32 characters a token (natural text averages ~4) a prompt cannot fit: drop it untokenised,
+    # since tokenising one 50 MB question alone takes gigabytes.
+    short = [i for i, t in enumerate(texts) if len(t) <= 32 * L]
+    lengths = tokenizer([texts[i] for i in short], add_special_tokens=False)["input_ids"] if short else []
+    kept = [records[i] for i, ids in zip(short, lengths) if len(ids) <= L]
+    return kept, len(records) - len(kept)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -507,32 +663,214 @@ def make_optimizer(model, args):
     return torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
 
 
+CHECKPOINT = "checkpoint-"  # OUTPUT_DIR/checkpoint-<step>/: model, tokenizer, run_config.json, trainer_state.pt
+COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is not one
+# Flags that may differ on --resume: the run's length, where and how often it writes, and speed or
+# memory knobs that leave the algorithm alone. Every other flag must match the saved run.
+RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress", "save_every", "eval_every",
+                     "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
+                     "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+
+
+def run_config(args) -> dict:
+    """The run's flags as JSON: the log's first line, and run_config.json in each checkpoint."""
+    return {k: v for k, v in vars(args).items() if k != "schedule_obj"}
+
+
+def _save_step_done(what: str) -> None:
+    """Called after each file operation of save_checkpoint; does nothing. tests/test_reliability.py
+    replaces it to crash the save after every operation in turn."""
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file, or a directory's entries, to disk: a rename survives power loss only once synced."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a complete checkpoint directory (checkpoint-<step> holding COMPLETE), else None."""
+    name = path.name
+    if not name.startswith(CHECKPOINT) or not name[len(CHECKPOINT):].isdigit() or not (path / COMPLETE).exists():
+        return None
+    return int(name[len(CHECKPOINT):])
+
+
+def find_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint in OUTPUT_DIR (None if there is none). Half-written `.tmp`
+    directories and directories without the marker are ignored, whatever moment a crash hit."""
+    steps = {checkpoint_step(d): d for d in out.iterdir() if d.is_dir()} if out.is_dir() else {}
+    steps.pop(None, None)
+    return steps[max(steps)] if steps else None
+
+
 def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                    args, counters: dict) -> None:
-    """Write OUTPUT_DIR/checkpoint atomically (tmp dir + rename): a crash mid-save keeps the old one."""
-    tmp, final = out / "checkpoint.tmp", out / "checkpoint"
-    shutil.rmtree(tmp, ignore_errors=True)
+                    args, counters: dict) -> Path:
+    """Write OUTPUT_DIR/checkpoint-<step> so that a crash at any instant leaves a complete checkpoint:
+      1. everything goes into checkpoint-<step>.tmp, each file is synced, the COMPLETE marker last;
+      2. one rename (atomic on POSIX) makes it checkpoint-<step>; the directory entry is synced;
+      3. only then are the older checkpoints deleted (marker first: a half-deleted one is not complete).
+    Before 2, find_checkpoint still sees the previous checkpoint; from 2 on, the new one.
+    tests/test_reliability.py crashes the save after each operation and resumes."""
+    tmp, final = out / f"{CHECKPOINT}{step}.tmp", out / f"{CHECKPOINT}{step}"
+    if checkpoint_step(final) == step:  # this step is saved already
+        return final
+    shutil.rmtree(tmp, ignore_errors=True)  # what a crashed save of this step left
+    _save_step_done("clear tmp")
     model.save_pretrained(tmp)
+    _save_step_done("model")
     tokenizer.save_pretrained(tmp)
-    config = {k: v for k, v in vars(args).items() if k != "schedule_obj"}
+    _save_step_done("tokenizer")
+    (tmp / "run_config.json").write_text(json.dumps(run_config(args)))  # read by --resume's flag check
+    _save_step_done("run_config")
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state(),
-                "counters": counters, "args": config}, tmp / "trainer_state.pt")
-    old = out / "checkpoint.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
+                "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
+    _save_step_done("trainer_state")
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            _fsync(f)
+    _save_step_done("sync files")
+    (tmp / COMPLETE).write_text(f"{step}\n")
+    _fsync(tmp / COMPLETE)
+    _fsync(tmp)
+    _save_step_done("marker")
+    shutil.rmtree(final, ignore_errors=True)  # a checkpoint-<step> without the marker is not complete
     tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    _save_step_done("rename")
+    _fsync(out)
+    _save_step_done("sync dir")
+    for old in sorted(d for d in out.iterdir() if d.is_dir() and d.name.startswith("checkpoint") and d != final):
+        (old / COMPLETE).unlink(missing_ok=True)
+        _save_step_done(f"unmark {old.name}")
+        shutil.rmtree(old)
+        _save_step_done(f"delete {old.name}")
+    return final
 
 
-def truncate_log(path: Path, step: int) -> None:
-    """On resume, drop log lines written after the checkpoint's step, so the log matches the state."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", -1) <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -> tuple[int, dict]:
+    """Restore a checkpoint into the live objects (and the RNG states); returns (step, counters)."""
+    from transformers import AutoModelForCausalLM
+
+    state = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype).state_dict())
+    optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
+    scheduler.load_state_dict(state["scheduler"])
+    try:
+        tracker.load_state_dict(state["tracker"])
+    except ValueError as e:
+        raise SystemExit(f"error: cannot resume from {path}: {e}")
+    sampler.load_state_dict(state["sampler"])
+    set_rng_state(state["rng"])
+    return state["step"], state["counters"]
+
+
+def check_resume_flags(saved: dict, args, path: Path) -> None:
+    """Refuse, in one line naming each difference, to resume with flags that define another run:
+    a new --learning-rate would otherwise be ignored (the optimizer state holds the old one) and a new
+    --dataset or --seed silently mixed into the old run. Flags the checkpoint does not know are skipped."""
+    now = run_config(args)
+    diffs = [f"--{k.replace('_', '-')} {saved[k]} -> {now[k]}" for k in sorted(now)
+             if k in saved and k not in RESUME_MAY_CHANGE and saved[k] != now[k]]
+    if diffs:
+        raise SystemExit(f"error: cannot resume {path}: flags differ from the saved run: {', '.join(diffs)} "
+                         "(only --steps, --output-dir and speed, memory or logging flags may change; "
+                         "or pass --overwrite, or another --output-dir)")
+    step = checkpoint_step(path)
+    if step > args.steps:
+        raise SystemExit(f"error: cannot resume {path}: it is at step {step}, past --steps {args.steps}")
+
+
+def read_log(path: Path) -> list[dict]:
+    """The JSONL log's records. A line that does not parse (the torn last line of a killed run) is
+    dropped rather than fatal: flush() after every line means only the last one can be torn."""
+    records = []
+    if path.exists():
+        for line in path.read_text(errors="replace").split("\n"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+def truncate_log(path: Path, step: int, keep_summary: bool = True) -> list[dict]:
+    """On resume, keep the records up to the checkpoint's step, so the log matches the state; a run
+    extended past its end (keep_summary=False) loses its old summary. Written to a temporary file and
+    renamed, so a crash here leaves the old log whole. Returns the kept records."""
+    keep = [r for r in read_log(path)
+            if r.get("step", -1) <= step and (keep_summary or r.get("type") != "summary")]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)
+    return keep
+
+
+class RunLock:
+    """One run per OUTPUT_DIR: an exclusive flock on OUTPUT_DIR/.lock, which holds the holder's pid.
+    The kernel drops a flock when its process ends, even on kill -9, so a crashed run never blocks
+    --resume, and no guess that an old pid is dead is needed (pids get reused). POSIX only (fcntl)."""
+
+    def __init__(self, out: Path):
+        self.path, self.fd = out / ".lock", None
+
+    def __enter__(self):
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise SystemExit(f"error: {self.path.parent} is in use by another run (pid {holder}): wait "
+                             "for it to end, or pass another --output-dir")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the flock; the file stays (deleting it would race a run taking it)
+
+
+def prepare_run_dir(out: Path, args) -> Path | None:
+    """Under the lock, settle what this run does with OUTPUT_DIR; returns the checkpoint to resume from.
+    A fresh run refuses a directory that holds a run (a log with lines, or a checkpoint) unless
+    told --resume (continue the newest complete checkpoint) or --overwrite (delete log and checkpoints)."""
+    log_path = out / "log.jsonl"
+    found = sorted(d.name for d in out.iterdir() if d.is_dir() and d.name.startswith("checkpoint"))
+    if log_path.exists() and log_path.stat().st_size > 0:
+        found.insert(0, log_path.name)
+    if args.overwrite:
+        for name in found:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        return None
+    if not args.resume:
+        if found:
+            raise SystemExit(f"error: {out} already holds a run ({', '.join(found[:3])}): pass --resume to "
+                             "continue it, --overwrite to replace it, or another --output-dir")
+        return None
+    path = find_checkpoint(out)
+    if path is None:
+        print(f"--resume: no complete checkpoint in {out}, starting fresh", file=sys.stderr)
+        return None
+    check_resume_flags(json.loads((path / "run_config.json").read_text()), args, path)
+    return path
+
+
+def nonfinite(metrics: dict, model) -> list[str]:
+    """What went NaN or inf in this step's update: 'loss', 'grad_norm', 'weights' (empty: all finite).
+    Checked before the step can reach a checkpoint, so the last checkpoint saved stays finite."""
+    bad = [key for key in ("loss", "grad_norm") if key in metrics and not math.isfinite(metrics[key])]
+    if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
+        bad.append("weights")
+    return bad
 
 
 class GracefulInterrupt:
@@ -560,12 +898,26 @@ class GracefulInterrupt:
 # The training loop
 # ----------------------------------------------------------------------------------------------
 def train(args) -> dict:
-    """Run the whole job; returns a summary dict (also the last line of the JSONL log)."""
+    """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
+    dict (also the last line of the JSONL log)."""
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out):
+        resume_from = prepare_run_dir(out, args)
+        if resume_from is not None and checkpoint_step(resume_from) == args.steps:
+            summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
+            if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
+                print(f"{out}: the run already finished at step {args.steps}; pass a larger --steps to extend it")
+                return summary
+        return run_training(args, out, resume_from)
+
+
+def run_training(args, out: Path, resume_from: Path | None) -> dict:
+    """train()'s body: setup, the step loop, the final evaluation and summary."""
     from tqdm.auto import tqdm
 
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint"
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -575,9 +927,25 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
 
     # --- setup: data, model, optimizer, tracker -------------------------------------------------
-    train_set, eval_sets = load_data(args)
+    data_counts = {"skipped_rows": 0, "skipped_long_prompts": 0}  # logged in the config line
+    train_set, eval_sets = load_data(args, data_counts)
     # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
     model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+    # Past --max-prompt-length tokens a problem is skipped here, before any step can run out of memory.
+    train_set, dropped = drop_long_prompts(train_set, tokenizer, args)
+    for name in list(eval_sets):
+        eval_sets[name], n = drop_long_prompts(eval_sets[name], tokenizer, args)
+        dropped += n
+        if not eval_sets[name]:
+            del eval_sets[name]  # no problems left: logging its accuracy would write NaN
+    if dropped:
+        data_counts["skipped_long_prompts"] = dropped
+        print(f"note: skipped {dropped} problems whose prompt is over --max-prompt-length "
+              f"{args.max_prompt_length} tokens", file=sys.stderr)
+    if len(train_set) < args.prompts_per_step:
+        raise SystemExit(f"error: {len(train_set)} training problems fit --max-prompt-length "
+                         f"{args.max_prompt_length} < --prompts-per-step {args.prompts_per_step}: raise "
+                         "--max-prompt-length or lower --prompts-per-step")
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     ref_model = None
     if args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
@@ -593,26 +961,12 @@ def train(args) -> dict:
     counters = {"rollouts": 0, "seconds": 0.0}
     start = 0
     log_path = out / "log.jsonl"
-    if args.resume and (ckpt / "trainer_state.pt").exists():
-        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        from transformers import AutoModelForCausalLM
-
-        model.load_state_dict(AutoModelForCausalLM.from_pretrained(ckpt, dtype=model.dtype).state_dict())
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        try:
-            tracker.load_state_dict(state["tracker"])
-        except ValueError as e:  # resumed with other --kappa/--schedule/...: say so, in one line
-            raise SystemExit(f"error: cannot resume from {ckpt}: {e}")
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        counters, start = state["counters"], state["step"]
-        truncate_log(log_path, start)
+    if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
+        start, counters = load_checkpoint(resume_from, model, optimizer, scheduler, tracker, sampler)
+        truncate_log(log_path, start, keep_summary=start >= args.steps)
         if generator is not None:
             generator.sync_weights(model)
-        print(f"resumed from {ckpt} at step {start}")
-    elif args.resume:
-        print(f"--resume: no checkpoint in {out}, starting fresh")
+        print(f"resumed from {resume_from} at step {start}")
     if start == 0:
         log_path.write_text("")
     log = log_path.open("a")
@@ -632,9 +986,9 @@ def train(args) -> dict:
         return record
 
     if start == 0:
-        write({"type": "config", "step": -1, **{k: v for k, v in vars(args).items() if k != "schedule_obj"},
-               "model_path": model_path, "device": str(device), "train_size": len(train_set)})
-        first_eval = run_eval(0)
+        write({"type": "config", "step": -1, **run_config(args), "model_path": model_path, "device": str(device),
+               "train_size": len(train_set), **data_counts})
+        run_eval(0)
     M, pad = args.prompts_per_step, tokenizer.pad_token_id
     bar = tqdm(range(start, args.steps), desc=f"{args.allocator} RL", disable=args.no_progress,
                initial=start, total=args.steps)
@@ -699,6 +1053,15 @@ def train(args) -> dict:
                      "completion_mask": cmask.to(device), "advantages": advantages.to(device)}
             metrics = policy_update(model, optimizer, scheduler, batch, args, ref_model,
                                     gen_seed=args.seed * 1_000_003 + step, autocast=amp)
+            bad = nonfinite(metrics, model)
+            if bad:  # stop before this state can reach a checkpoint: the last one saved stays finite
+                last = find_checkpoint(out)
+                kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
+                message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
+                           f"--learning-rate ({args.learning_rate}) or --max-grad-norm and start again")
+                write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
+                log.close()
+                raise SystemExit(f"error: {message}")
             if generator is not None:
                 generator.sync_weights(model)
             # 8. log
@@ -726,17 +1089,18 @@ def train(args) -> dict:
             if args.eval_every and done % args.eval_every == 0 and done < args.steps:
                 run_eval(done)
             if done % args.save_every == 0 or done == args.steps or interrupt.requested:
-                save_checkpoint(out, done, model, tokenizer, optimizer, scheduler, tracker, sampler, args, counters)
+                saved = save_checkpoint(out, done, model, tokenizer, optimizer, scheduler, tracker, sampler,
+                                        args, counters)
             if interrupt.requested:
-                print(f"stopped after step {done}; checkpoint in {ckpt}; continue with --resume", file=sys.stderr)
+                print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 log.close()
                 return {"interrupted": True, "step": done}
-    final = run_eval(args.steps)
-    first = first_eval if start == 0 else next(
-        json.loads(l) for l in log_path.read_text().splitlines() if '"type": "eval"' in l)
+    # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
+    evals = [r for r in read_log(log_path) if r.get("type") == "eval"]
+    final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(args.steps)
     summary = {"type": "summary", "step": args.steps, "rollouts": counters["rollouts"],
-               "train_seconds": round(counters["seconds"], 1),
-               "heldout_acc_start": first["heldout_acc"], "heldout_acc_end": final["heldout_acc"]}
+               "train_seconds": round(counters["seconds"], 1),  # None below: no held-out set (--eval-size 0)
+               "heldout_acc_start": (evals or [final])[0].get("heldout_acc"), "heldout_acc_end": final.get("heldout_acc")}
     write(summary)
     log.close()
     return summary
@@ -747,7 +1111,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
     summary = train(args)
-    if "heldout_acc_end" in summary:
+    if summary.get("heldout_acc_end") is not None:
         print(f"held-out greedy accuracy {summary['heldout_acc_start']:.3f} -> {summary['heldout_acc_end']:.3f} "
               f"after {summary['rollouts']} rollouts; wall time {time.time() - t0:.0f} s; log: "
               f"{Path(args.output_dir) / 'log.jsonl'}")

@@ -45,7 +45,7 @@ def test_each_allocator_trains_and_logs(tmp_path, toy_model_dir, allocator):
         assert steps[4]["seen"] == 8
     assert steps[-1]["rollouts"] == 8 * 32
     assert summary["type"] == "summary" and 0.0 <= summary["heldout_acc_end"] <= 1.0
-    assert (tmp_path / "checkpoint" / "trainer_state.pt").exists()
+    assert (tmp_path / "checkpoint-8" / "trainer_state.pt").exists() and (tmp_path / "checkpoint-8" / "COMPLETE").exists()
 
 
 def test_ctrl_c_then_resume_continues_exactly(tmp_path, toy_model_dir, monkeypatch):
