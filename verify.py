@@ -5,17 +5,19 @@ checking its final answer against the reference, with no learned reward model. C
 exactly this binary reward (method.md §0, paper §2.1): a prompt's pass rate p_i (eq. 1) is the mean
 of these rewards over its rollouts, and F_t (eq. 4) is built from them.
 
-Test:   python -m pytest -q tests/test_verify.py          (~100 cases, ~6 s)
+Test:   python -m pytest -q tests/test_verify.py          (~140 cases, ~15 s)
 Teach:  python verify.py "so the answer is \\boxed{\\frac{1}{2}}" "0.5"   (prints answer, rule, reward)
 
 Pipeline, cheapest first (the toy task's bare integers never leave step 2):
   1. extract_answer: the last \\boxed{...} (nested braces, \\fbox, `\\boxed 5`) > GSM8K `#### 42` >
-     "the answer is X" > (flag) the last number in the text. None when nothing matches.
+     "the answer is X" > a final sentence stating one number ("So the total is 200 dollars.") >
+     (flag) the last number in the text. None when nothing matches. Linear time in the text.
   2. exact and numeric equality after a string normalization (ours, see `normalize`).
   3. symbolic equality with math-verify (`math_verify.parse` / `math_verify.verify`): LaTeX
      expressions, sets, intervals, matrices. Only when step 2 cannot decide.
-Every check runs under a hard timeout (sympy can hang on adversarial input) and a size cap; a
-timeout or an exception scores 0 and is counted in `VerifyStats`, never raised.
+Every symbolic check runs under a hard timeout (sympy can hang on adversarial input) and a size
+cap; a timeout or an exception scores 0 and is counted in `VerifyStats`, never raised. Extraction
+and the fast path need no timeout: they are linear in the (capped) length of the text.
 
 Which part is ours and which is math-verify's:
   - ours: answer extraction (math-verify's extraction takes the first/any match and knows no
@@ -30,26 +32,33 @@ rather than bounding the check, and raises a ValueError off the main thread. So 
 both (timeouts off) and guard the whole check (parse gold + parse prediction + compare) ourselves:
   - on the main thread: signal.setitimer (float seconds, same SIGALRM mechanism as math-verify),
     re-firing every 50 ms in case some library code swallows the first interrupt;
-  - off the main thread (or without SIGALRM, e.g. Windows): the check runs in a daemon worker
-    thread; the caller waits `timeout_s`, then returns 0 and asks CPython to raise an exception in
-    the worker (PyThreadState_SetAsyncExc), which stops it at its next bytecode.
-Both interrupt Python code only: a single C call (say a giant integer power) is not interruptible,
-which is one reason for the size cap. No process is spawned per call.
+  - off the main thread (signals reach the main thread only): the check runs in a worker process,
+    started once (~1 s) and reused (~0.2 ms a check); on timeout the caller kills it (SIGKILL) and
+    the next check starts a new one. Killing stops anything, a C call included: `9^{9^{9^9}}` off
+    the main thread returns after timeout_s. (A thread cannot be stopped: the first version's
+    asynchronous exception never reached a thread stuck in one C call, and the caller hung.)
+The alarm interrupts Python code only: on the main thread a single C call (say a giant integer
+power) is not interruptible, which is one reason for the size cap. POSIX only (SIGALRM, pass_fds).
 
 Departures and choices (ours): numbers are compared exactly (0.333 != 1/3; math-verify would round
 to 6 digits, but two plain numbers never reach it); a percentage matches both its value and its
 value / 100 ("50%" = "50" = "0.5"); the last *complete* box wins (a truncated `\\boxed{12` is
-skipped); "the answer is 18 dollars" gives "18". The format bonus is added on top of the 0/1 reward
-(DeepSeek-R1 style), so with it on the reward is no longer binary: keep it off (the default) when
-the rewards feed CoBA's pass rates.
+skipped); "the answer is 18 dollars" gives "18"; the final-sentence rule is on by default (see
+extract_answer for why) and needs exactly one number in that sentence. The format bonus is added
+on top of the 0/1 reward (DeepSeek-R1 style), so with it on the reward is no longer binary: keep
+it off (the default) when the rewards feed CoBA's pass rates.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
+import atexit
 import logging
+import multiprocessing.connection
 import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -96,65 +105,124 @@ class VerifyStats:
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _GSM8K = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_IS = re.compile(r"\banswer\s*(?:is\b\s*:?|:)\s*", re.IGNORECASE)
+_PHRASE_END = re.compile(r"\.(?:\s|$)|\n")  # a full stop before a space or the end, or the line's end
 _BARE_ARG = re.compile(r"[^\s${}]+")
+_SPACES = re.compile(r"[ \t]*")
+_LEADING_WS = re.compile(r"\s*")
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)  # `\x` first, so `\{` and `\}` are never braces
 _NUMBER_THEN_WORDS = re.compile(r"\$?([-\u2212]?\d[\d,]*(?:\.\d+)?)\$?\s+[A-Za-z]")
-_SENTENCE_END = re.compile(r"\.(?:\s|$)")
 # A number; its minus sign counts only where it cannot be a binary minus ("3-5" ends in 5, "x=-5" in -5).
 _NUMBER = re.compile(r"(?:(?<![\w)\]}.])[-\u2212])?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 
+# Linear time. Every scan below is one left-to-right pass, or a pass over a region no other pass
+# reads, so extraction costs O(len(text)) whatever the text. The first version matched each
+# `\boxed{` to its closing brace on its own: 4,500 unclosed boxes in 32 kB meant 4,500 scans of up
+# to 32 kB each, 12 s outside any timeout (issue 16). tests/test_verify.py counts the steps.
 
-def _box_content(text: str, start: int) -> tuple[str | None, int]:
-    """Argument of the \\boxed that ends at `start`: balanced {...} (escaped \\{ \\} skipped) or,
-    for `\\boxed 5`, the next run of non-space characters. (None, start) if unclosed or empty."""
-    i = start
-    while i < len(text) and text[i] in " \t":
-        i += 1
+
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Position of each '{' -> position of its matching '}', from one pass with a stack. Unclosed
+    braces are left out; `\\{` and `\\}` are literal braces of the answer, not grouping. Scanning
+    from 0 gives a box's brace the same partner as scanning from the box itself: the character
+    before a box's '{' is a letter or a space, never a backslash that would swallow it."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif m.group() == "}" and stack:
+            pairs[stack.pop()] = m.start()
+    return pairs
+
+
+def _box_span(text: str, start: int, pairs: dict[int, int]) -> tuple[int, int, int] | None:
+    """Argument of the \\boxed that ends at `start`, as (lo, hi, end): the content text[lo:hi]
+    without surrounding whitespace, `end` just past the box. Balanced {...} (looked up in `pairs`)
+    or, for `\\boxed 5`, the next run of non-space characters. None if unclosed or empty."""
+    i = _SPACES.match(text, start).end()
     if i < len(text) and text[i] == "{":
-        depth, j = 0, i
-        while j < len(text):
-            c = text[j]
-            if c == "\\":
-                j += 2  # \{ and \} are literal braces of the answer, not grouping
-                continue
-            depth += (c == "{") - (c == "}")
-            if depth == 0:
-                content = text[i + 1 : j].strip()
-                return (content or None), j + 1
-            j += 1
-        return None, start  # truncated completion: this box never closes
+        j = pairs.get(i)
+        if j is None:
+            return None  # truncated completion: this box never closes
+        lo, hi = _LEADING_WS.match(text, i + 1, j).end(), j
+        while hi > lo and text[hi - 1].isspace():  # str.strip(), without copying the content
+            hi -= 1
+        return (lo, hi, j + 1) if hi > lo else None
     m = _BARE_ARG.match(text, i)  # `\boxed 5`, `\boxed5`
-    return (m.group(0) if m else None), (m.end() if m else start)
+    return (i, m.end(), m.end()) if m else None
 
 
 def _boxes(text: str) -> list[tuple[str, int, int]]:
     """Top-level complete boxes as (content, start, end); boxes inside a box are part of its content."""
+    pairs = _brace_pairs(text)
     found, i = [], 0
     while (m := _BOX.search(text, i)) is not None:
-        content, end = _box_content(text, m.end())
-        if content is None:
+        span = _box_span(text, m.end(), pairs)
+        if span is None:
             i = m.end()
         else:
-            found.append((content, m.start(), end))
-            i = end
+            found.append((text[span[0] : span[1]], m.start(), span[2]))
+            i = span[2]  # skip the content: its boxes belong to this one
     return found
 
 
 def _answer_is(text: str) -> str | None:
     """The phrase after the last 'answer is' / 'answer:', cut at the end of its line or sentence."""
-    tails = [text[m.end() :].split("\n", 1)[0] for m in _ANSWER_IS.finditer(text)]
-    for tail in reversed(tails):
-        end = _SENTENCE_END.search(tail)
-        phrase = (tail[: end.start()] if end else tail).strip(" \t*")  # '*': markdown bold
-        if (m := _NUMBER_THEN_WORDS.match(phrase)) is not None:
-            return m.group(1)  # "18 dollars a week" -> "18"
+    for m in reversed(list(_ANSWER_IS.finditer(text))):
+        # Linear: a phrase is passed over only when it is all spaces and '*' up to its end, so
+        # the searches of rejected phrases never overlap, and the first accepted one ends the loop.
+        end = _PHRASE_END.search(text, m.end())
+        phrase = text[m.end() : end.start() if end else len(text)].strip(" \t*")  # '*': markdown bold
+        if (n := _NUMBER_THEN_WORDS.match(phrase)) is not None:
+            return n.group(1)  # "18 dollars a week" -> "18"
         if phrase:
             return phrase
     return None
 
 
-def extract_answer(completion: str, last_number_fallback: bool = False) -> tuple[str | None, str]:
+# The final-sentence rule: "So the total is 200 dollars." The closing sentence states one number
+# with a copula, and nothing else in it is a number, so it cannot be an intermediate step
+# ("3 * 4 is 12.") or a comparison ("x is 5 when y is 3."). Ours, for GSM8K-style completions that
+# end with neither a box, `####` nor "the answer is" (issue 16: 8 of 200 held-out completions).
+_FINAL_SENTENCE_CHARS = 300  # a closing statement is short; the bound also keeps this rule O(1)
+_SENTENCE_START = re.compile(
+    r"[.!?](?=\s)|\n|[,;:]\s*(?=(?:so|therefore|thus|hence)\b)", re.IGNORECASE)  # ", so the total is 9."
+_STATEMENT = re.compile(
+    r"(?P<subject>\D*?)(?:\b(?:is|are|was|were|be|equals)\b|=)\s*"  # subject (no digits), copula
+    r"(?P<number>[-\u2212]?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?%?)"  # the one number
+    r"(?P<unit>(?:\s+[A-Za-z]+){0,3})\s*[.!]")  # at most three unit words ("miles per hour"), the stop
+_NOT_A_RESULT = {  # words that make the sentence a condition, a negation or a relation, not a result
+    "subject": {"if", "when", "whether", "unless", "suppose", "assume", "let", "not", "never"},
+    "unit": {"more", "less", "fewer", "greater", "smaller", "larger", "than", "times", "plus", "minus",
+             "of", "over", "and", "or", "if", "when", "because", "since", "but", "not", "off"},
+}
+
+
+def _final_statement(text: str) -> str | None:
+    """The number of a final sentence 'X is/are/was/equals/= <number> [up to 3 unit words].', else None."""
+    tail = text.rstrip()[-_FINAL_SENTENCE_CHARS - 1 :]
+    starts = [m.end() for m in _SENTENCE_START.finditer(tail, 0, max(len(tail) - 1, 0))]
+    if not starts and len(tail) > _FINAL_SENTENCE_CHARS:
+        return None  # the last sentence began further back: too long to be a closing statement
+    sentence = re.sub(r"\\?\$|\*", "", tail[starts[-1] if starts else 0 :]).strip()  # $, \$, markdown bold
+    m = _STATEMENT.fullmatch(sentence)
+    if m is None:
+        return None  # a question, an unfinished sentence, two numbers, no copula, ...
+    words = {part: set(m.group(part).lower().replace("n't", " not").split()) for part in _NOT_A_RESULT}
+    if any(words[part] & _NOT_A_RESULT[part] for part in _NOT_A_RESULT):
+        return None
+    return m.group("number").replace("\u2212", "-")
+
+
+def extract_answer(completion: str, last_number_fallback: bool = False,
+                   final_sentence: bool = True) -> tuple[str | None, str]:
     """Final answer of a completion and the rule that found it: "boxed", "gsm8k", "answer_is",
-    "last_number" (only with the flag) or "none" (answer None). Never raises on a string."""
+    "final_sentence", "last_number" (only with the flag) or "none" (answer None). Never raises on a string.
+
+    `final_sentence` is on by default, unlike `last_number_fallback`: it is as strict as "the answer
+    is 18 dollars" (a sentence that states one value), and it fires only on a completion's closing
+    sentence, while the last number of a text is often an intermediate step. The hub preset keeps
+    last_number_fallback off for that reason; the final-sentence rule does not have that weakness."""
     text = completion[-MAX_COMPLETION_CHARS:] if isinstance(completion, str) else ""
     if "box" in text:  # cheap test before the scan
         boxes = _boxes(text)
@@ -167,6 +235,8 @@ def extract_answer(completion: str, last_number_fallback: bool = False) -> tuple
     phrase = _answer_is(text)
     if phrase is not None:
         return phrase, "answer_is"
+    if final_sentence and (number := _final_statement(text)) is not None:
+        return number, "final_sentence"
     if last_number_fallback:
         numbers = _NUMBER.findall(text)
         if numbers:
@@ -202,12 +272,22 @@ _FRAC = re.compile(r"([+-]?)\\frac(?:\{(\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}|(\d)
 
 
 def _unwrap_box(s: str) -> str:
-    """'\\boxed{5}' -> '5' (a reference may come boxed, a box may sit inside a box)."""
-    while True:
-        boxes = _boxes(s)
-        if len(boxes) != 1 or boxes[0][1] != 0 or s[boxes[0][2] :].strip():
-            return s
-        s = boxes[0][0]
+    """'\\boxed{5}' -> '5' (a reference may come boxed, a box may sit inside a box). The string must
+    be one box and nothing else, level after level. One brace table serves every level, so n nested
+    boxes cost O(n), not n scans."""
+    pairs, lo, hi, bare = None, 0, len(s), False
+    while (m := _BOX.match(s, lo, hi)) is not None:  # match, not search: the box must open the level
+        if bare:  # inside `\boxed X` every inner box is bare too and ends where X ends
+            if m.end() >= hi:
+                break  # `\boxed` with nothing after it
+            lo = m.end()
+            continue
+        pairs = _brace_pairs(s) if pairs is None else pairs
+        span = _box_span(s, m.end(), pairs)
+        if span is None or span[1] > hi or s[span[2] : hi].strip():
+            break  # not a box, or text after it: this level is the answer
+        lo, hi, bare = span[0], span[1], span[1] == span[2]  # a braced box ends at '}', past its content
+    return s[lo:hi]
 
 
 def normalize(s: str) -> str:
@@ -276,35 +356,120 @@ def _with_alarm(fn, timeout_s: float):
             signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - t0), 1e-3))
 
 
-def _in_worker_thread(fn, timeout_s: float):
-    """Any thread: run fn in a daemon thread, give up after timeout_s and stop the worker with an
-    asynchronous exception (CPython C API; takes effect at the worker's next bytecode)."""
-    box: dict = {}
+# Off the main thread signals cannot be used (only the main thread receives them), and a thread
+# cannot be stopped from outside: the first version raised an asynchronous exception into a worker
+# thread, which lands only at the next bytecode. `9^{9^{9^9}}` is one long C call in sympy's
+# integer power, so that worker never saw the exception, held the GIL, and the caller hung with it
+# (over 120 s, issue 16). A process can be killed whatever it is doing, so the check runs in a
+# child process, kept alive between checks (python + sympy start in ~1-2 s; a check then costs a
+# pipe round trip, ~0.2 ms) and killed and replaced only when a check runs out of time.
+_READY_TIMEOUT_S = 120.0  # start-up of a worker (interpreter + imports), not counted in timeout_s
+_MODULE = "verify" if __name__ == "__main__" else __name__  # what the worker imports to find _worker_main
+# The worker is `python -c` importing this module only: multiprocessing's "spawn" would re-run the
+# caller's main script in the child (all of it, if it lacks an `if __name__ == "__main__":` guard),
+# and "fork" copies a trainer's threads' locks, which can deadlock the child.
+_WORKER_MAIN = ("import importlib, sys; sys.path[:0] = sys.argv[3:]; "  # the caller's sys.path, so imports match
+                "importlib.import_module(sys.argv[2])._worker_main(int(sys.argv[1]))")
+_idle_workers: list = []  # started workers no thread is using; a check takes one out, puts it back
+_live_workers: set = set()  # all started workers, for the exit handler
+_idle_lock = threading.Lock()
 
-    def work():
+
+def _worker_main(fd: int) -> None:
+    """Child process: import math-verify, say "ready", then run each (fn, args) that arrives and
+    send back ("ok", value) or ("error", exception), until the parent closes its end."""
+    conn = multiprocessing.connection.Connection(fd)
+    _load_math_verify()
+    conn.send(("ready", None))
+    while True:
         try:
-            box["value"] = fn()
-        except _CheckTimeout:
-            pass
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, which counts it
-            box["error"] = e
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent exited
+        try:
+            conn.send(("ok", fn(*args)))
+        except Exception as e:  # noqa: BLE001 - handed to the parent, which counts it
+            try:
+                conn.send(("error", e))
+            except Exception:  # noqa: BLE001 - an exception that does not pickle
+                conn.send(("error", RuntimeError(repr(e))))
 
-    worker = threading.Thread(target=work, name="verify-check", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_CheckTimeout))
+
+class _Worker:
+    """A `python -c` child running _worker_main, and our end of the socket pair to it."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        cmd = [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno()), _MODULE, *sys.path]
+        self.process = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()  # only the child holds it now, so recv() sees EOF if the child dies
+        self.conn = multiprocessing.connection.Connection(ours.detach())
+        with _idle_lock:
+            _live_workers.add(self)
+        try:
+            ready = self.conn.poll(_READY_TIMEOUT_S) and self.conn.recv()[0] == "ready"
+        except (EOFError, OSError):  # it died on start-up; its traceback is on stderr
+            ready = False
+        if not ready:
+            self.kill()
+            raise RuntimeError(f"verify worker did not start within {_READY_TIMEOUT_S:.0f} s")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        self.process.kill()  # SIGKILL: stops a C call too
+        self.process.wait()
+        self.conn.close()
+        with _idle_lock:
+            _live_workers.discard(self)
+
+
+@atexit.register
+def _kill_workers() -> None:
+    """An idle worker exits by itself when our end closes; a busy one might be in a C call."""
+    for worker in list(_live_workers):
+        worker.kill()
+
+
+def _in_child_process(fn, timeout_s: float, args: tuple):
+    """Any thread: run fn(*args) in an idle worker process (started on first use); after timeout_s
+    kill that worker and raise _CheckTimeout. fn and args travel by pickle: a module-level function."""
+    with _idle_lock:
+        worker = _idle_workers.pop() if _idle_workers else None
+    if worker is not None and not worker.alive():  # died while idle (killed from outside, say)
+        worker.kill()
+        worker = None
+    if worker is None:
+        worker = _Worker()
+    try:
+        worker.conn.send((fn, args))  # pickles before it writes: an unpicklable fn leaves the pipe clean
+    except Exception as e:
+        with _idle_lock:
+            _idle_workers.append(worker)
+        raise TypeError("off the main thread run_with_timeout runs fn in a child process, so fn and "
+                        f"args must pickle (a module-level function, not a lambda): {e}") from e
+    if not worker.conn.poll(timeout_s):
+        worker.kill()
         raise _CheckTimeout()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    try:
+        status, value = worker.conn.recv()
+    except (EOFError, OSError):  # the child died (say, out of memory): count an error, start anew next time
+        worker.kill()
+        raise RuntimeError("verify worker process died during a check") from None
+    with _idle_lock:
+        _idle_workers.append(worker)
+    if status == "error":
+        raise value
+    return value
 
 
-def run_with_timeout(fn, timeout_s: float):
-    """fn() or _CheckTimeout after timeout_s seconds, from any thread."""
+def run_with_timeout(fn, timeout_s: float, *args):
+    """fn(*args) or _CheckTimeout after timeout_s seconds, from any thread. Off the main thread fn
+    runs in a child process, so it must be a module-level function and its result must pickle."""
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-        return _with_alarm(fn, timeout_s)
-    return _in_worker_thread(fn, timeout_s)
+        return _with_alarm(lambda: fn(*args), timeout_s)
+    return _in_child_process(fn, timeout_s, args)
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
@@ -330,7 +495,7 @@ def _load_math_verify():
 def _symbolic_equal(pred: str, ref: str) -> bool:
     """math-verify on the raw strings (it has its own LaTeX normalization; ours drops spaces, which
     would turn '\\pi r' into '\\pir'). Gold first: math-verify's verify is not symmetric."""
-    mv = _math_verify
+    mv = _load_math_verify()  # a no-op in the parent; in a worker process, imported at its start
     wrap = lambda s: s if "$" in s or "\\boxed" in s else f"${s}$"  # noqa: E731 - its extractor wants math mode
     gold = mv.parse(wrap(ref), parsing_timeout=None)
     target = mv.parse(wrap(pred), parsing_timeout=None)
@@ -353,7 +518,7 @@ def is_equivalent(pred: str, ref: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
             return bool(p_num & r_num), "numeric"  # two plain numbers: decided without sympy
         _load_math_verify()
         pred_raw, ref_raw = _unwrap_box(pred.strip()), _unwrap_box(ref.strip())
-        return run_with_timeout(lambda: _symbolic_equal(pred_raw, ref_raw), timeout_s), "symbolic"
+        return run_with_timeout(_symbolic_equal, timeout_s, pred_raw, ref_raw), "symbolic"
     except _CheckTimeout:
         logger.debug("verify timeout after %.1f s on %.80r", timeout_s, pred)
         return False, "timeout"
@@ -376,8 +541,9 @@ class Grade:
     reward: float
 
 
-def grade(completion: str, answer: str, *, last_number_fallback: bool = False, format_reward: float = 0.0,
-          timeout_s: float = DEFAULT_TIMEOUT_S, stats: VerifyStats | None = None) -> Grade:
+def grade(completion: str, answer: str, *, last_number_fallback: bool = False, final_sentence: bool = True,
+          format_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S,
+          stats: VerifyStats | None = None) -> Grade:
     """reward() with its reasons. `answer` is ours (the data set's), so a bad one is a ValueError;
     `completion` is the model's, so nothing in it raises."""
     if isinstance(answer, (int, Fraction)) and not isinstance(answer, bool):
@@ -390,7 +556,7 @@ def grade(completion: str, answer: str, *, last_number_fallback: bool = False, f
     if not isinstance(completion, str):
         completion = ""
     try:
-        pred, rule = extract_answer(completion, last_number_fallback)
+        pred, rule = extract_answer(completion, last_number_fallback, final_sentence)
     except Exception:  # noqa: BLE001 - defensive: extraction is plain string code
         pred, rule = None, "none"
     correct, check = (False, "no_answer") if pred is None else is_equivalent(pred, answer, timeout_s)
@@ -400,12 +566,13 @@ def grade(completion: str, answer: str, *, last_number_fallback: bool = False, f
     return Grade(pred, rule, check, correct, float(correct) + bonus)
 
 
-def reward(completion: str, answer: str, *, last_number_fallback: bool = False, format_reward: float = 0.0,
-           timeout_s: float = DEFAULT_TIMEOUT_S, stats: VerifyStats | None = None) -> float:
+def reward(completion: str, answer: str, *, last_number_fallback: bool = False, final_sentence: bool = True,
+           format_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S,
+           stats: VerifyStats | None = None) -> float:
     """1.0 if the completion's final answer equals `answer`, else 0.0 (plus `format_reward` for a
     well-formed completion when that flag is > 0). Timeouts and errors score 0 and go to `stats`."""
-    return grade(completion, answer, last_number_fallback=last_number_fallback, format_reward=format_reward,
-                 timeout_s=timeout_s, stats=stats).reward
+    return grade(completion, answer, last_number_fallback=last_number_fallback, final_sentence=final_sentence,
+                 format_reward=format_reward, timeout_s=timeout_s, stats=stats).reward
 
 
 def rewards(completions: list[str], answers: list[str], **kwargs) -> list[float]:
@@ -421,12 +588,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("answer", help="reference answer, e.g. '0.5'")
     parser.add_argument("--last-number-fallback", action="store_true",
                         help="use the last number if no other rule matches")
+    parser.add_argument("--no-final-sentence", dest="final_sentence", action="store_false",
+                        help="turn off the final-sentence rule ('So the total is 200 dollars.' -> 200)")
     parser.add_argument("--format-reward", type=float, default=0.0,
                         help="bonus for exactly one final \\boxed{} (default 0: off)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per symbolic check")
     args = parser.parse_args(argv)
     g = grade(args.completion, args.answer, last_number_fallback=args.last_number_fallback,
-              format_reward=args.format_reward, timeout_s=args.timeout)
+              final_sentence=args.final_sentence, format_reward=args.format_reward, timeout_s=args.timeout)
     print(f"extracted: {g.answer!r}\nrule:      {g.rule}\ncheck:     {g.check}\nreward:    {g.reward}")
 
 
