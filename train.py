@@ -43,7 +43,8 @@ import allocate
 import coba
 import grpo
 import verify
-from rollout import VLLMGenerator, collate, decode, generate_groups, hf_generate  # noqa: F401 (hf_generate: tests)
+from rollout import (VLLMGenerator, collate, decode, generate_groups, hf_generate,  # noqa: F401 (hf_generate: tests)
+                     sampler_logps_tensor)
 
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
 MODEL_ALIASES = {
@@ -88,7 +89,8 @@ FLAG_RANGES = {
     "max_grad_norm": "(0, inf)",  # clip_grad_norm_ with a negative norm flips the gradient's sign
     "micro_batch_size": "[1, inf)", "temperature": "(0, inf)", "top_p": "(0, 1]",
     "max_completion_length": "[1, inf)", "generation_batch_size": "[1, inf)",
-    "vllm_gpu_memory_utilization": "(0, 1]", "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
+    "vllm_gpu_memory_utilization": "(0, 1]", "vllm_importance_sampling_cap": "(0, inf)",
+    "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
     "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
     "save_every": "[1, inf)", "threads": "[1, inf)",
 }
@@ -184,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-vllm", action="store_true", help="generate with vLLM (GPU; colocated)")
     g.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory")
     g.add_argument("--vllm-enable-sleep-mode", action="store_true", help="vLLM frees its memory while training")
+    g.add_argument("--vllm-importance-sampling-cap", type=float, default=None, metavar="C",
+                   help="(off by default) truncated importance sampling: each token's surrogate times "
+                        "min(pi_trainer / pi_vLLM, C), for the gap between vLLM's bf16 sampler and the "
+                        "trainer (logged as vllm_logp_gap). TRL's vllm_importance_sampling_cap (TRL: on, C=2)")
     g = ap.add_argument_group("evaluation")
     g.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0 = only start/end)")
     g.add_argument("--eval-samples", type=int, default=0,
@@ -548,6 +554,19 @@ def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) ->
     return np.array(rates, dtype=float)
 
 
+def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_budget: int):
+    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the same
+    last-16-rewards rule as coba.CapabilityTracker, with the probe's B_low rewards appended."""
+    p_hat, counts = [], []
+    for k, i in enumerate(prompt_idx):
+        n, _, last = tracker.knapsack.get(int(i), (0, 0.0, ()))
+        mine = list(probe_rewards[k * probe_budget:(k + 1) * probe_budget])
+        recent = (list(last) + mine)[-coba.KNAPSACK_BUFFER:]
+        p_hat.append(float(np.mean(mine)) if len(mine) >= coba.KNAPSACK_BUFFER else float(np.mean(recent)))
+        counts.append(n + len(mine))
+    return np.array(p_hat, dtype=float), np.array(counts, dtype=int)
+
+
 def merge_groups(first: list, first_budgets: list[int], second: list, second_budgets: list[int]) -> list:
     """Two prompt-major row lists -> one: prompt i's rows of `first`, then its rows of `second`.
     Keeps train.py's layout (group i's B_i rows contiguous, in prompt order)."""
@@ -593,6 +612,8 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     """GRPO on one step's rollouts: `num_mini_batches` optimizer steps over a shuffled split of the
     N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
+    sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
+    cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
     N, T = cmask.shape
 
     def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
@@ -611,6 +632,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     model.train()
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(gen_seed))
     sums: dict[str, float] = {}
+    gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
     for chunk in torch.chunk(perm, min(args.num_mini_batches, N)):
         # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
         normalizer = float(cmask[chunk].sum()) if args.loss_type == "dapo" else float(len(chunk))
@@ -618,11 +640,20 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
             rows = chunk[s:s + micro]
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
             old = logps.detach() if old_logps is None else old_logps[rows]
+            is_weights = None
+            if sampler_logps is not None:  # the trainer's log-probs at rollout time vs the sampler's
+                m = cmask[rows].bool()
+                gap[0] += float(torch.where(m, (old - sampler_logps[rows]).abs(), 0.0).sum())
+                gap[1] += float(m.sum())
+                if cap:
+                    is_weights = grpo.truncated_importance_weights(old, sampler_logps[rows], cmask[rows],
+                                                                   cap)  # (n, T)
+                    gap[2] += float(torch.where(m, is_weights, 0.0).sum())
             loss, metrics = grpo.clipped_policy_loss(
                 logps, old, adv[rows], cmask[rows], epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
                 ref_logps=None if ref_logps is None else ref_logps[rows], beta=args.beta,
                 loss_type=args.loss_type, max_completion_length=args.max_completion_length,
-                normalizer=normalizer, entropy=entropy)
+                normalizer=normalizer, entropy=entropy, token_weights=is_weights)
             loss.backward()
             w = len(rows) / N  # metrics averaged over rows of the whole batch
             for key, value in metrics.items():
@@ -632,6 +663,10 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+    if gap[1]:  # each row is in exactly one mini-batch: token means over the whole batch
+        sums["vllm_logp_gap"] = gap[0] / gap[1]
+        if cap:
+            sums["vllm_is_weight_mean"] = gap[2] / gap[1]
     return sums
 
 
@@ -954,8 +989,10 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     optimizer = make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / args.warmup_lr_steps) if args.warmup_lr_steps else 1.0)
+    # released_init: the released code's (kappa - 2, 2) before the first update (coba-released only)
     tracker = coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
-                                     kappa=args.kappa, schedule=args.schedule_obj)
+                                     kappa=args.kappa, schedule=args.schedule_obj,
+                                     released_init=args.allocator == "coba-released")
     sampler = PromptSampler(len(train_set), args.seed)
     generator = VLLMGenerator(args, model_path) if args.use_vllm else None
     counters = {"rollouts": 0, "seconds": 0.0}
@@ -1002,6 +1039,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
             answers_m = [train_set[j]["answer"] for j in prompt_idx]
             vstats, gen_seconds = verify.VerifyStats(), 0.0
+            sampler_lps: dict[int, list] = {}  # round -> per row, vLLM's log-prob of each token (HF: None)
 
             def sample_and_reward(budgets_now: list[int], round_: int) -> tuple[list, list[float]]:
                 """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards."""
@@ -1011,7 +1049,8 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                     completions = generate_groups(
                         model, tokenizer, prompt_tok_m, budgets_now, max_new_tokens=args.max_completion_length,
                         temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
-                        generator=generator, seed=2 * (args.seed * 1_000_003 + step) + round_)
+                        generator=generator, seed=2 * (args.seed * 1_000_003 + step) + round_,
+                        logprobs_out=sampler_lps.setdefault(round_, []))
                 gen_seconds += time.time() - t_gen
                 answers = [a for a, B in zip(answers_m, budgets_now) for _ in range(B)]
                 return completions, verify.rewards(decode(tokenizer, completions), answers,
@@ -1019,6 +1058,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
 
             # 2. allocate budgets from the tracker (eqs. 3-9, Algorithm 1)
             pass_rates, seen = tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx)
+            knapsack_stats = tracker.knapsack_stats(prompt_idx)  # Knapsack-RL's (p_hat, rollouts recorded)
             alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
             if args.probe:  # (ours) B_low rollouts per prompt first; their outcomes refine p_i now
                 probe_budgets = [args.min_budget] * M
@@ -1026,11 +1066,15 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * args.min_budget,
                                                                                      args.min_budget))
                 pass_rates = probe_pass_rates(tracker, prompt_idx, probe_successes, args.min_budget)
+                knapsack_stats = probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
                 seen = np.ones(M, dtype=bool)
+            # tau as logged: over all M prompts; "adaptive" is passed on as is, because the released
+            # allocator computes it over its heap's prompts only (allocate.allocate_released)
             tau = coba.resolve_tau(args.tau, pass_rates)
             budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget,
-                                                args.min_budget, args.max_budget, alpha_t, beta_t, tau,
-                                                solver=args.solver)
+                                                args.min_budget, args.max_budget, alpha_t, beta_t,
+                                                "adaptive" if args.tau == "adaptive" else tau,
+                                                solver=args.solver, knapsack_stats=knapsack_stats)
             # 3.-4. generate B_i completions for prompt i and reward them (with --probe: only the
             #    B_i - B_low not drawn yet, then each prompt's probe rows are put back in its group)
             if args.probe:
@@ -1040,17 +1084,22 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 reward_list = merge_groups(probe_rewards, probe_budgets, rest_rewards, rest)
             else:
                 completion_ids, reward_list = sample_and_reward(budgets, round_=0)
+            lp_rows = merge_groups(sampler_lps[0], probe_budgets, sampler_lps[1], rest) if args.probe else sampler_lps[0]
             group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,) prompt of each row
             prompt_tok = [prompt_tok_m[i] for i in group_ids.tolist()]
             rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
             # 5. pass rates and F_t for the next allocation (eqs. 1, 4)
             successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
-            tracker.update(prompt_idx, successes.tolist(), budgets)
+            per_prompt = [rewards[group_ids == i].tolist() for i in range(M)]  # Knapsack-RL's p_hat reads them in order
+            tracker.update(prompt_idx, successes.tolist(), budgets, rewards=per_prompt)
             # 6. group advantages on ragged groups; 7. clipped surrogate, mini-batch steps
             advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
             ids, attn, cmask = collate(prompt_tok, completion_ids, pad)
             batch = {"input_ids": ids.to(device), "attention_mask": attn.to(device),
                      "completion_mask": cmask.to(device), "advantages": advantages.to(device)}
+            sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T), None on the HF path
+            if sampler_logps is not None:
+                batch["sampler_logps"] = sampler_logps.to(device)
             metrics = policy_update(model, optimizer, scheduler, batch, args, ref_model,
                                     gen_seed=args.seed * 1_000_003 + step, autocast=amp)
             bad = nonfinite(metrics, model)
