@@ -63,10 +63,10 @@ REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024
           "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25"]
 PRESETS = {
     "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
-                     seeds=[0, 1, 2, 3, 4], steps=150, eval_every=10),
+                     seeds=[0, 1, 2, 3, 4], steps=100, eval_every=10),
     "ablation": dict(arms=["uniform", "coba", "coba:explore2exploit", "coba:linear-decay",
                            "coba:fixed(10.5,1.5)", "coba:fixed(1.5,10.5)"],
-                     seeds=[0, 1, 2, 3, 4], steps=150, eval_every=10),
+                     seeds=[0, 1, 2, 3, 4], steps=100, eval_every=10),
 }
 QUICK_FLAGS = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32",
                "--eval-size", "32", "--max-budget", "12"]
@@ -401,7 +401,7 @@ def parse_args(argv):
                     help="which table: headline (allocators, probe) or ablation (schedules, fixed Beta)")
     ap.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="override the preset's arms")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override the preset's seeds (paired)")
-    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 150)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 100)")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation interval (steps)")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each (2 cores: 2)")
     ap.add_argument("--out", default="results", help="runs/ go here; tables and plots in OUT/PRESET")
