@@ -1,22 +1,35 @@
-"""One prepared GPU check (issue 7): Qwen2.5-1.5B's architecture through full CoBA-RL steps.
+"""One prepared GPU check (issue 13): Qwen2.5-1.5B's architecture through full CoBA-RL steps of
+train.py at the README's shapes, measuring what a user needs before renting a GPU for a run.
 
-The GPU machines lent to this project reach no model hub, so this builds a *randomly initialised*
-model with Qwen2.5-1.5B's config (1.54B parameters, 28 layers, width 1536, GQA 12/2 heads, vocab
-151,936, tied embeddings), saves it as a local model directory with the toy's tokenizer (the prompts
-are toy arithmetic; a random model answers nothing right, which is fine: this measures memory and
-speed, not learning), and runs train.py on it exactly as a user would:
-bf16 weights, gradient checkpointing, AdamW, HF generate on the GPU, full-length random completions.
-It prints peak GPU memory, rollout tokens/s and step time, read from train.py's JSONL log.
+In one run of at most ~10 minutes on one H200, with no model hub:
+  1. builds a *randomly initialised* model with Qwen2.5-1.5B's config (1.54B parameters, 28 layers,
+     width 1536, GQA 12/2 heads, vocab 151,936, tied embeddings) and the toy's tokenizer;
+  2. runs train.main on it exactly as a user would (bf16 autocast over fp32 master weights, gradient
+     checkpointing, AdamW, HF generate on the GPU) at M = 32 prompts, G = 16, T = 1024 tokens
+     (the README's command); if that does not fit, M is halved until it does, and said so;
+  3. prints torch/transformers/CUDA versions, peak GPU memory, rollout tokens/s (HF generate), step time.
+The reward is NOT the verifier: a random model answers nothing, so every verified reward would be
+0 and the advantages, loss and gradient exactly 0 (the earlier version of this check measured such
+a step). Here each rollout's reward is a seeded coin (p = 0.5), so groups have non-zero advantages
+and the step has a real gradient; the check fails unless grad_norm > 0 at every step and the
+weights changed. The coin teaches nothing: this measures cost and wiring, not learning.
+No checkpoint is written (train.save_checkpoint is replaced by a no-op: ~18 GB nobody needs),
+no held-out evaluation runs (--eval-size 0). It uses whatever torch and transformers are installed.
 
-    python gpu_check.py                 # on one GPU, ~3-5 min
-    python gpu_check.py --tiny --steps 2 --device cpu   # a CPU smoke test of this script itself
+    python gpu_check.py             # one CUDA GPU, ~5-8 min
+    python gpu_check.py --tiny      # this script on a 2-layer model on CPU, < 1 min
 
-vLLM cannot be carried to the lent machine (no package index there), so this check uses HF generate.
+vLLM is not part of this check (the lent GPU machines have no package index to install it);
+what only a GPU run can tell about the vLLM path is listed in the README.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import random
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -41,53 +54,142 @@ def build_random_model(out: Path, config_kwargs: dict, dtype: torch.dtype) -> Pa
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(dtype)
-    print(f"random Qwen2 with {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B parameters")
+    print(f"random Qwen2 with {sum(p.numel() for p in model.parameters()) / 1e6:,.1f}M parameters")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def coin_rewards(seed: int):
+    """verify.rewards' signature, a seeded fair coin per rollout instead of the verifier."""
+    rng = random.Random(seed)
+
+    def rewards(texts, answers, **kwargs):
+        return [float(rng.random() < 0.5) for _ in texts]
+    return rewards
+
+
+class Watch:
+    """Wraps train.policy_update: samples every parameter before the first update (every 997th
+    value, a few MB) to compare afterwards, and asks train.py to stop after the step in progress
+    (its own Ctrl-C path) once the time budget is spent."""
+
+    def __init__(self, budget_s: float):
+        self.real, self.budget_s, self.t0 = train.policy_update, budget_s, time.time()
+        self.before, self.model = None, None
+
+    def __call__(self, model, *args, **kwargs):
+        if self.before is None:
+            self.model = model
+            self.before = {n: p.detach().flatten()[::997].float().cpu().clone() for n, p in model.named_parameters()}
+        metrics = self.real(model, *args, **kwargs)
+        if time.time() - self.t0 > self.budget_s:
+            print(f"time budget {self.budget_s:.0f} s spent: stopping after this step")
+            os.kill(os.getpid(), signal.SIGINT)  # GracefulInterrupt: finish the step, then return
+        return metrics
+
+    def changed(self) -> tuple[int, int, float]:
+        """(parameters that moved, parameters, largest sampled |change|)."""
+        moved, biggest = 0, 0.0
+        for n, p in self.model.named_parameters():
+            d = (p.detach().flatten()[::997].float().cpu() - self.before[n]).abs().max().item()
+            moved += d > 0
+            biggest = max(biggest, d)
+        return moved, len(self.before), biggest
+
+
+def run_once(model_dir: Path, run_dir: Path, M: int, opts, on_gpu: bool, budget_s: float):
+    flags = ["--model", str(model_dir), "--dataset", "toy", "--steps", str(opts.steps),
+             "--prompts-per-step", str(M), "--num-generations", str(opts.num_generations),
+             "--max-completion-length", str(opts.max_completion_length),
+             "--micro-batch-size", str(opts.micro_batch_size),
+             "--generation-batch-size", str(opts.generation_batch_size), "--prompt-template", "{question}",
+             "--prompt-format", "plain", "--eval-size", "0", "--eval-every", "0",
+             "--output-dir", str(run_dir), "--no-progress", "--learning-rate", "1e-6", "--warmup-lr-steps", "0",
+             "--seed", "0"]
+    flags += ["--bf16", "--gradient-checkpointing", "--device", "cuda"] if on_gpu else ["--device", "cpu", "--no-bf16"]
+    watch = Watch(budget_s)
+    saved = (train.save_checkpoint, train.policy_update, train.verify.rewards)
+    train.save_checkpoint = lambda *a, **k: None  # no checkpoint: not what is measured
+    train.policy_update, train.verify.rewards = watch, coin_rewards(0)
+    try:
+        train.main(flags)
+    finally:
+        train.save_checkpoint, train.policy_update, train.verify.rewards = saved
+    return watch
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--prompts-per-step", type=int, default=16)
-    ap.add_argument("--num-generations", type=int, default=8)
-    ap.add_argument("--max-completion-length", type=int, default=512)
-    ap.add_argument("--micro-batch-size", type=int, default=16)
-    ap.add_argument("--tiny", action="store_true", help="a 2-layer model (CPU smoke test)")
-    ap.add_argument("--device", default=None)
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model and small shapes (CPU smoke test)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps (GPU 3, tiny 2)")
+    ap.add_argument("--prompts-per-step", type=int, default=None, help="M (GPU 32, the README's; tiny 4)")
+    ap.add_argument("--num-generations", type=int, default=None, help="G (GPU 16; tiny 4)")
+    ap.add_argument("--max-completion-length", type=int, default=None, help="T (GPU 1024; tiny 16)")
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--generation-batch-size", type=int, default=256)
+    ap.add_argument("--max-minutes", type=float, default=8.0,
+                    help="stop after the step in progress once this is spent (the check's limit is 10 min)")
+    ap.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available; --tiny: cpu)")
     ap.add_argument("--out", default=None, help="where the model and run go (default: a temp dir)")
-    args = ap.parse_args(argv)
-    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
-    root = Path(args.out or tempfile.mkdtemp(prefix="coba-gpu-check-"))
+    opts = ap.parse_args(argv)
+    small = dict(steps=2, prompts_per_step=4, num_generations=4, max_completion_length=16)
+    readme = dict(steps=3, prompts_per_step=32, num_generations=16, max_completion_length=1024)
+    for key, value in (small if opts.tiny else readme).items():
+        if getattr(opts, key) is None:
+            setattr(opts, key, value)
+    device = opts.device or ("cuda" if torch.cuda.is_available() and not opts.tiny else "cpu")
+    on_gpu = device == "cuda"
+
+    import transformers
+
     t0 = time.time()
-    model_dir = build_random_model(root / "model", TINY if args.tiny else QWEN25_15B,
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
+          f"device {torch.cuda.get_device_name() if on_gpu else 'cpu'}")
+    root = Path(opts.out or tempfile.mkdtemp(prefix="coba-gpu-check-"))
+    model_dir = build_random_model(root / "model", TINY if opts.tiny else QWEN25_15B,
                                    torch.bfloat16 if on_gpu else torch.float32)
-    print(f"model built in {time.time() - t0:.0f} s")
-    flags = ["--model", str(model_dir), "--dataset", "toy", "--steps", str(args.steps),
-             "--prompts-per-step", str(args.prompts_per_step), "--num-generations", str(args.num_generations),
-             "--max-completion-length", str(args.max_completion_length),
-             "--micro-batch-size", str(args.micro_batch_size), "--prompt-template", "{question}",
-             "--prompt-format", "plain", "--last-number-fallback", "--eval-size", "16", "--eval-every", "0",
-             "--output-dir", str(root / "run"), "--save-every", str(10 ** 6), "--no-progress",
-             "--learning-rate", "1e-6", "--warmup-lr-steps", "0"]
-    if on_gpu:
-        flags += ["--bf16", "--gradient-checkpointing", "--device", "cuda"]
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        flags += ["--device", "cpu", "--no-bf16"]
-    train.main(flags)
-    log = [json.loads(l) for l in (root / "run" / "log.jsonl").read_text().splitlines()]
+    print(f"model built in {time.time() - t0:.0f} s; reward: a seeded coin per rollout (p = 0.5), see the docstring")
+    M, attempt = opts.prompts_per_step, 0
+    while True:
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        run_dir, attempt = root / f"run{attempt}", attempt + 1
+        oom = False
+        try:
+            watch = run_once(model_dir, run_dir, M, opts, on_gpu, opts.max_minutes * 60 - (time.time() - t0))
+        except torch.cuda.OutOfMemoryError:
+            oom = True  # handled below, once the traceback (and the model it holds) is gone
+        if not oom:
+            break
+        gc.collect()
+        torch.cuda.empty_cache()
+        if M == 1:
+            raise SystemExit("out of GPU memory even at M = 1")
+        print(f"out of GPU memory at M = {M}, G = {opts.num_generations}, T = {opts.max_completion_length}: "
+              f"retrying with M = {M // 2}")
+        M //= 2
+
+    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     steps = [r for r in log if r["type"] == "train"]
+    print(f"shapes: M = {M}, G = {opts.num_generations} (N = {M * opts.num_generations} rollouts a step), "
+          f"T = {opts.max_completion_length}" + ("  (the README's)" if not opts.tiny and M == 32 else ""))
     for r in steps:
         print(f"step {r['step']}: {r['step_seconds']:.1f} s (generate {r['gen_seconds']:.1f} s, "
-              f"{r['completion_tokens'] / max(r['gen_seconds'], 1e-9):,.0f} rollout tokens/s, "
-              f"{r['rollouts']} rollouts so far), loss {r['loss']:.4f}, mean length {r['completion_length']:.0f}")
+              f"{r['completion_tokens'] / max(r['gen_seconds'], 1e-9):,.0f} rollout tokens/s), "
+              f"reward {r['reward']:.3f}, loss {r['loss']:.3g}, grad_norm {r['grad_norm']:.3g}, "
+              f"mean length {r['completion_length']:.0f}")
     if on_gpu:
         print(f"peak GPU memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB "
-              f"(reserved {torch.cuda.max_memory_reserved() / 2**30:.1f} GiB) on {torch.cuda.get_device_name()}")
-    print(f"total wall time {time.time() - t0:.0f} s")
+              f"(reserved {torch.cuda.max_memory_reserved() / 2**30:.1f} GiB) of "
+              f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+    moved, total, biggest = watch.changed()
+    print(f"weights changed: {moved}/{total} parameter tensors moved (largest sampled change {biggest:.3g})")
+    ok = bool(steps) and all(r["grad_norm"] > 0 for r in steps) and moved > 0
+    print(f"total wall time {time.time() - t0:.0f} s; {'OK' if ok else 'FAILED'}: grad_norm > 0 at every step "
+          f"and weights changed")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

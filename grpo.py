@@ -43,6 +43,8 @@ Departures and choices, each with its source:
   (4) `normalizer` lets gradient accumulation over micro-batches reproduce the big-batch loss
       exactly (see aggregate_loss).
   (5) Entropy is a logged metric only, computed without gradient.
+  (6) Off by default: truncated_importance_weights (TIS) reweights each token's surrogate when
+      the rollouts came from another engine (vLLM) than the one that computes pi_old.
 
 Test: tests/test_grpo.py
 """
@@ -182,7 +184,8 @@ def clipped_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages
                         completion_mask: torch.Tensor, epsilon_low: float = 0.2, epsilon_high: float = 0.28,
                         ref_logps: torch.Tensor | None = None, beta: float = 0.0, loss_type: str = "dapo",
                         max_completion_length: int | None = None, normalizer: float | None = None,
-                        entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+                        entropy: torch.Tensor | None = None,
+                        token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Per token: -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) + beta * KL_k3,
     then aggregated over tokens by `loss_type` (see aggregate_loss).
 
@@ -198,6 +201,8 @@ def clipped_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages
                 (the paper's setting) needs no reference; ref_logps alone only logs the KL.
     loss_type, max_completion_length, normalizer: passed to aggregate_loss.
     entropy:    (N, T) from per_token_logps(with_entropy=True), only to log its mean.
+    token_weights: optional (N, T), no gradient, multiplies each token's clipped surrogate (not the
+                KL term), e.g. truncated_importance_weights for vLLM rollouts (TRL does the same).
 
     Returns (loss scalar, metrics), metrics = python floats, means over completion tokens:
     ratio_mean; clip_frac (share of tokens where the min picks the clipped term and it is
@@ -222,6 +227,10 @@ def clipped_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages
     unclipped = ratio * A  # (N, T)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * A  # (N, T)
     per_token_loss = -torch.min(unclipped, clipped)  # (N, T) pessimistic bound, as in PPO
+    if token_weights is not None:
+        if token_weights.shape != logps.shape:
+            raise ValueError(f"token_weights must be (N, T) = {tuple(logps.shape)}, got {tuple(token_weights.shape)}")
+        per_token_loss = per_token_loss * token_weights.detach().to(logps.dtype)  # (N, T)
     kl = None
     if ref_logps is not None:
         # k3 estimator of KL(pi_theta || pi_ref) (Schulman 2020; DeepSeekMath eq. 4): with
@@ -242,6 +251,25 @@ def clipped_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages
         if entropy is not None:
             metrics["entropy"] = _masked_mean(entropy, m)
     return loss, metrics
+
+
+def truncated_importance_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor,
+                                 completion_mask: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+    brings you off-policy RL training"; TRL's vllm_importance_sampling_correction, token_truncate):
+    w_t = min(pi_trainer(o_t) / pi_sampler(o_t), cap), per token.
+
+    The rollouts were drawn by the sampler (vLLM, bf16 kernels) but the loss's pi_old is the
+    trainer's recomputed log-prob; w_t reweights each token towards the trainer's distribution,
+    and the cap bounds the variance that a few tokens the sampler found unlikely would add.
+    trainer_logps, sampler_logps, completion_mask: (N, T). Returns (N, T), 1.0 on padding.
+    """
+    if cap <= 0:
+        raise ValueError(f"the importance-sampling cap must be > 0, got {cap}")
+    m = completion_mask.bool()
+    log_w = torch.where(m, trainer_logps.detach() - sampler_logps.to(trainer_logps.dtype),
+                        torch.zeros_like(trainer_logps))  # (N, T)
+    return torch.clamp(torch.exp(log_w), max=cap)  # (N, T)
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:

@@ -1,17 +1,26 @@
-"""Rollout backends for train.py: HF `generate` (CPU/GPU) and colocated vLLM (GPU), plus `collate`.
+"""Rollout backends for train.py: HF `generate` (CPU/GPU) and colocated vLLM 0.33 (GPU), plus `collate`.
 
 Step 3 of the CoBA-RL loop (arXiv 2602.03048, method.md §3): after Algorithm 1 has fixed each
 prompt's budget B_i, generate B_i completions for prompt i. GRPO then needs, per rollout row,
 the prompt's token ids and the completion's token ids laid out as one (N, P+T) batch: `collate`.
 
+Both backends take the trainer's own prompt token ids (no second tokenisation) and return rows
+prompt-major: prompt 0's B_0 rows, then prompt 1's B_1 rows, ... (the order of train.py's group_ids).
+- HF: an explicit GenerationConfig (temperature, top_p, max_new_tokens, EOS, nothing else), so a
+  model's shipped sampling extras (repetition_penalty, top_k, ...) never leak into the rollouts.
+- vLLM: one request per prompt with n = B_i and a seed derived from (seed, step, prompt), so the
+  same flags give the same rollouts; it can also hand back its sampler's per-token log-probs
+  (`logprobs_out`) for the log-prob gap and the truncated importance-sampling correction.
 Kept apart from train.py (as nanochat keeps its engine apart from its RL loop) so that the loop
-reads like the paper and the generation engines can change without touching it.
+reads like the paper. Tests: tests/test_rollout.py (the vLLM contract runs without vLLM).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
+
 
 def eos_ids(model, tokenizer) -> set[int]:
     ids = model.generation_config.eos_token_id
@@ -32,6 +41,40 @@ def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, attn
 
 
+def cut_at_stop(row: list[int], stop: set[int]) -> list[int]:
+    """Keep a completion up to and including its first stop token (the EOS carries loss too)."""
+    return row[:next((i + 1 for i, t in enumerate(row) if t in stop), len(row))]
+
+
+def sampling_config(stop: set[int], pad_id: int, max_new_tokens: int, temperature: float, top_p: float,
+                    greedy: bool):
+    """The whole sampling spec of an HF rollout: temperature, top_p, max_new_tokens and EOS.
+
+    transformers 5 leaves every GenerationConfig field at None and fills the Nones from the model's
+    own generation_config ("user > self.generation_config > global defaults",
+    GenerationMixin._prepare_generation_config), so a hub model's repetition_penalty or top_k would
+    reach our rollouts through an explicit config too: `only_this_config` below shuts that door.
+    top_k=0 is explicit because the global default is top_k=50."""
+    from transformers import GenerationConfig
+
+    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p,
+                                                          top_k=0)
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=sorted(stop), pad_token_id=pad_id,
+                            **sampling)
+
+
+@contextlib.contextmanager
+def only_this_config(model, config):
+    """Make `config` the model's generation_config for one call, so that nothing is inherited from
+    the one it shipped with; the original (saved with checkpoints) is put back afterwards."""
+    shipped = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = shipped
+
+
 @torch.no_grad()
 def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
                 top_p: float, batch_size: int, greedy: bool = False, progress=None) -> list[list[int]]:
@@ -41,17 +84,14 @@ def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: i
     the loss later scores (no second tokenisation that could add a BOS or split differently)."""
     model.eval()
     stop = eos_ids(model, tokenizer)
+    config = sampling_config(stop, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, greedy)
     out: list[list[int]] = []
     for start in range(0, len(prompt_ids), batch_size):
         ids, attn = left_pad(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
         ids, attn = ids.to(model.device), attn.to(model.device)
-        sampling = dict(do_sample=False) if greedy else dict(
-            do_sample=True, temperature=temperature, top_p=top_p, top_k=0)  # top_k=0: no hidden top-50
-        gen = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop), **sampling)
-        for row in gen[:, ids.shape[1]:].tolist():  # (rows, T) new tokens only
-            cut = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
-            out.append(row[:cut])
+        with only_this_config(model, config):
+            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
+        out += [cut_at_stop(row, stop) for row in gen[:, ids.shape[1]:].tolist()]  # (rows, T) new tokens
         if progress is not None:
             progress.update(len(gen))
     return out
@@ -59,79 +99,184 @@ def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: i
 
 def generate_groups(model, tokenizer, prompt_ids: list[list[int]], budgets: list[int], *, max_new_tokens: int,
                     temperature: float, top_p: float, batch_size: int, greedy: bool = False,
-                    generator=None, seed: int = 0) -> list[list[int]]:
-    """B_i completions for prompt i (Algorithm 1's budgets), rows prompt-major: prompt 0's B_0
-    rows, then prompt 1's B_1 rows, ... (the order of train.py's group_ids).
+                    generator=None, seed: int = 0, logprobs_out: list | None = None) -> list[list[int]]:
+    """B_i completions for prompt i (Algorithm 1's budgets; B_i = 0 gives no row), rows prompt-major.
 
-    HF path: one row per rollout, sampled from the global torch RNG (saved in checkpoints).
-    vLLM path: `generator.generate_groups` (one request per prompt with n = B_i, seeded by `seed`).
+    HF path: one row per rollout, sampled from the global torch RNG (saved in checkpoints); `seed`
+    is not used. vLLM path: `generator.generate_groups`, one request per prompt with n = B_i, seeded
+    from `seed` (train.py passes one per step) and the prompt's index.
+    logprobs_out (opt-in): a list that receives, per row, the sampler's log-prob of each completion
+    token (vLLM), or None (HF: the trainer's own forward is the sampler, up to autocast).
     """
     if generator is not None:
-        return generator.generate_groups(prompt_ids, budgets, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, top_p=top_p, greedy=greedy, seed=seed)
+        return generator.generate_groups(model, prompt_ids, budgets, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_p=top_p, greedy=greedy, seed=seed,
+                                         stop_token_ids=sorted(eos_ids(model, tokenizer)),
+                                         logprobs_out=logprobs_out)
     rows = [p for p, B in zip(prompt_ids, budgets) for _ in range(B)]
-    return hf_generate(model, tokenizer, rows, max_new_tokens, temperature, top_p, batch_size, greedy=greedy)
+    out = hf_generate(model, tokenizer, rows, max_new_tokens, temperature, top_p, batch_size, greedy=greedy)
+    if logprobs_out is not None:
+        logprobs_out.extend([None] * len(out))
+    return out
 
 
-VLLM_SUPPORTED = ((0, 10), (0, 11))  # minor versions whose LLM API this class was written against
+def sampler_logps_tensor(rows: list, T: int) -> torch.Tensor | None:
+    """Per-row sampler log-probs -> (N, T), 0.0 on padding (aligned with collate's completion_mask);
+    None when any row has none (HF rollouts)."""
+    if not rows or any(r is None for r in rows):
+        return None
+    out = torch.zeros(len(rows), T)  # (N, T)
+    for r, lp in enumerate(rows):
+        out[r, :len(lp)] = torch.tensor(lp[:T], dtype=torch.float32)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# vLLM 0.33, colocated and in-process. Line numbers below are those of the vllm-0.33.0 wheel.
+# ----------------------------------------------------------------------------------------------
+VLLM_SUPPORTED = (0, 33)  # the minor version whose source this class was checked against, call by call
+PROMPT_ALLOWANCE = 4096  # prompt tokens vLLM reserves room for, beyond max_completion_length
+SEEDS_PER_PROMPT = 1 << 16  # vLLM seeds the j-th of n samples with seed + j (v1/engine/parallel_sampling.py:81)
+
+
+def request_seed(seed: int, prompt_index: int) -> int:
+    """Seed of prompt i's request. vLLM gives its B_i samples seed, seed+1, ..., seed+B_i-1, so the
+    prompts get disjoint blocks of SEEDS_PER_PROMPT (> B_up) and no two rollouts share a seed."""
+    return ((seed * 1_000_003 + prompt_index) * SEEDS_PER_PROMPT) % (1 << 63)
+
+
+def vllm_max_model_len(max_position_embeddings: int | None, max_completion_length: int) -> int:
+    """PROMPT_ALLOWANCE + T, clamped to the model's position limit: vLLM refuses a larger
+    max_model_len (config/model.py:2657-2690, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN, which gives NaNs
+    past RoPE's range)."""
+    want = PROMPT_ALLOWANCE + max_completion_length
+    return want if not max_position_embeddings else min(want, int(max_position_embeddings))
 
 
 class VLLMGenerator:
-    """Colocated vLLM rollouts on the training GPU (issue 7). Imported only with --use-vllm.
+    """Colocated vLLM rollouts on the training GPU. Imported only with --use-vllm.
 
-    Targets vLLM 0.10-0.11 (TRL pins 0.10.2), run in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps
-    the engine's worker in this process, so `LLM.collective_rpc(fn)` calls fn(worker) here and the
-    trainer's CUDA tensors can be handed to `model.load_weights` without IPC (TRL's colocate mode
-    does the same). Memory plan: vLLM takes `--vllm-gpu-memory-utilization` of the GPU for weights
-    + KV cache; with `--vllm-enable-sleep-mode` it frees that memory while the trainer runs.
-    Not run on this project's CPU machines: no GPU there (see README).
+    Written against vLLM 0.33.0 (pinned in requirements-gpu.txt), run in-process:
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 makes LLMEngine use the in-process engine core
+    (v1/engine/llm_engine.py:170) whose UniProcExecutor calls the worker's method directly
+    (v1/executor/uniproc_executor.py:103, v1/serial_utils.py:485), so the trainer's CUDA tensors
+    reach the worker by reference, with no IPC. Weight sync goes through the worker's documented
+    in-place reload: LLM.collective_rpc("reload_weights", ...) (entrypoints/llm.py:573) ->
+    Worker.reload_weights (v1/worker/gpu_worker.py:636) -> GPUModelRunner.reload_weights
+    (v1/worker/gpu_model_runner.py:5226; v2 runner v1/worker/gpu/model_runner.py:586) ->
+    model_loader/reload/inplace.py:94-96: initialize_layerwise_reload, model.load_weights(weights),
+    finalize_layerwise_reload. Names are HF checkpoint names; Qwen2's loader stacks q/k/v and
+    gate/up itself (model_executor/models/qwen2.py:453).
+
+    Memory plan (--vllm-enable-sleep-mode): between rollouts vLLM sleeps at level 2, which frees its
+    weights and KV cache (entrypoints/llm.py:839; device_allocator/sleep_mode_backend.py:127-137:
+    level 1 would also copy the weights to CPU, useless here since they are overwritten every
+    step). Before a rollout: empty_cache (the trainer's freed activation blocks go back to CUDA),
+    wake the weights only, load the trainer's weights, reset the prefix cache, and only then wake
+    the KV cache (wake_up tags, entrypoints/llm.py:872) and generate; then sleep again. Without
+    sleep mode vLLM keeps its share of the GPU and the weights are pushed once per optimizer step.
+    Not run on a GPU in this project (see README); tests/test_rollout.py checks each call against a
+    stand-in of exactly this API.
     """
 
-    def __init__(self, args, model_path: str):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    def __init__(self, args, model_path: str, max_position_embeddings: int | None = None):
+        # "1" would put the engine in a subprocess, where collective_rpc pickles its arguments.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
             import vllm
         except ImportError:
             raise SystemExit("error: --use-vllm needs vLLM: pip install -r requirements-gpu.txt "
                              "(or drop --use-vllm to use HF generate)")
         version = tuple(int(x) for x in vllm.__version__.split(".")[:2] if x.isdigit())
-        if version not in VLLM_SUPPORTED:
-            raise SystemExit(f"error: vLLM {vllm.__version__} is not supported (weight sync is written for "
-                             f"0.10-0.11): pip install -r requirements-gpu.txt, or drop --use-vllm")
+        if version != VLLM_SUPPORTED:
+            raise SystemExit(f"error: vLLM {vllm.__version__} is not supported (this code follows vLLM "
+                             f"0.33's source): pip install -r requirements-gpu.txt, or drop --use-vllm")
+        if max_position_embeddings is None:
+            max_position_embeddings = _max_positions(model_path)
         self.vllm = vllm
-        self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                            enable_sleep_mode=args.vllm_enable_sleep_mode, seed=args.seed,
-                            max_model_len=4096 + args.max_completion_length,
-                            dtype="bfloat16")
         self.sleep_mode = args.vllm_enable_sleep_mode
+        self.max_model_len = vllm_max_model_len(max_position_embeddings, args.max_completion_length)
+        self.llm = vllm.LLM(
+            model=model_path, dtype="bfloat16", seed=args.seed,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=self.max_model_len,
+            enable_sleep_mode=self.sleep_mode,
+            # log-probs after temperature/top-p, i.e. of the distribution actually sampled
+            # (config/model.py:291-300); the trainer's log_softmax(logits / T) is the same one at top_p = 1
+            logprobs_mode="processed_logprobs",
+            # no sampling defaults from the model's generation_config (config/model.py:358-364);
+            # stop tokens are passed per request instead, the same set as the HF path's
+            generation_config="vllm")
+        self.stale = True  # the trainer's weights have not been pushed yet (pushed before generating)
         if self.sleep_mode:
-            self.llm.sleep(level=1)  # level 1: drop the KV cache, keep weights in CPU memory
+            self.llm.sleep(level=2)
 
     def sync_weights(self, model) -> None:
-        """Push the trainer's weights into the vLLM engine after each optimizer step."""
-        weights = [(name, p.detach()) for name, p in model.state_dict().items()]
-        if self.sleep_mode:
-            self.llm.wake_up()
-        self.llm.collective_rpc(_vllm_load_weights, args=(weights,))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        if self.sleep_mode:
-            self.llm.sleep(level=1)
+        """Called after each optimizer step: the next generation pushes the new weights first
+        (deferred so that, in sleep mode, vLLM wakes only once the trainer's activations are freed)."""
+        self.stale = True
 
-    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-                 greedy: bool = False) -> list[list[int]]:
+    def _push_weights(self, model) -> None:
+        # named_parameters, not state_dict: a tied lm_head appears once, under embed_tokens (vLLM
+        # ties it the same way, qwen2.py:486). fp32 master weights are cast by the loaders' copy_.
+        weights = [(name, p.detach()) for name, p in model.named_parameters()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights (llm.py:832)
+        self.stale = False
+
+    def generate_groups(self, model, prompt_ids: list[list[int]], budgets: list[int], *, max_new_tokens: int,
+                        temperature: float, top_p: float, greedy: bool = False, seed: int = 0,
+                        stop_token_ids: list[int] = (), logprobs_out: list | None = None) -> list[list[int]]:
+        """One request per prompt: TokensPrompt(prompt_token_ids=the trainer's ids) (inputs/llm.py:111),
+        SamplingParams(n=B_i, seed=request_seed(seed, i), logprobs=0) (sampling_params.py:285, 325,
+        342: logprobs=0 returns just the sampled token's log-prob). Rows come back prompt-major."""
+        vllm = self.vllm
         if self.sleep_mode:
-            self.llm.wake_up()
-        params = self.vllm.SamplingParams(temperature=0.0 if greedy else temperature, top_p=top_p,
-                                          max_tokens=max_new_tokens)
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])
+        if self.stale or self.sleep_mode:  # level-2 sleep discarded the weights: always reload
+            self._push_weights(model)
         if self.sleep_mode:
-            self.llm.sleep(level=1)
-        return [list(o.outputs[0].token_ids) for o in outs]
+            self.llm.wake_up(tags=["kv_cache"])
+        prompts, params, kept = [], [], []
+        for i, (p, B) in enumerate(zip(prompt_ids, budgets)):
+            if B == 0:
+                continue
+            room = self.max_model_len - len(p)
+            if room < 1:
+                raise SystemExit(f"error: a prompt of {len(p)} tokens leaves no room for completions in "
+                                 f"vLLM's max_model_len {self.max_model_len}")
+            prompts.append(vllm.TokensPrompt(prompt_token_ids=list(p)))
+            params.append(vllm.SamplingParams(
+                n=B, seed=request_seed(seed, i), max_tokens=min(max_new_tokens, room),
+                temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p, top_k=0,
+                stop_token_ids=list(stop_token_ids), logprobs=0, detokenize=False))
+            kept.append(B)
+        outs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        if self.sleep_mode:
+            self.llm.sleep(level=2)
+        stop = set(stop_token_ids)
+        rows: list[list[int]] = []
+        for out, B in zip(outs, kept):
+            samples = sorted(out.outputs, key=lambda c: c.index)  # CompletionOutput.index (outputs.py:87)
+            if len(samples) != B:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for a request with n = {B}")
+            for c in samples:
+                ids = cut_at_stop(list(c.token_ids), stop)
+                rows.append(ids)
+                if logprobs_out is not None:
+                    # c.logprobs[k] maps token id -> Logprob; the sampled token is always in it (logprobs.py:13-35)
+                    logprobs_out.append([c.logprobs[k][t].logprob for k, t in enumerate(ids)])
+        return rows
 
 
-def _vllm_load_weights(worker, weights) -> None:
-    """Runs inside vLLM's worker (same process): load (name, tensor) pairs into its model."""
-    worker.model_runner.model.load_weights(weights)
+def _max_positions(model_path: str) -> int | None:
+    try:
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None
 
 
 def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):

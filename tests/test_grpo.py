@@ -171,6 +171,39 @@ def test_k3_kl_hand_computed():
         grpo.clipped_policy_loss(logps, logps, A, mask, beta=0.1)
 
 
+def test_truncated_importance_weights_hand_computed():
+    # trainer - sampler log-probs: ln 2, -ln 2, ln 4, and a padded token whose values are garbage.
+    trainer = torch.tensor([[math.log(2), -math.log(2)], [math.log(4), 7.0]], dtype=torch.float64)
+    sampler = torch.zeros(2, 2, dtype=torch.float64)
+    sampler[1, 1] = -100.0
+    mask = torch.tensor([[1, 1], [1, 0]])
+    w = grpo.truncated_importance_weights(trainer, sampler, mask, cap=3.0)
+    # exp: 2, 0.5, 4 -> min(., 3) = 2, 0.5, 3; padding -> 1
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5], [3.0, 1.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="cap"):
+        grpo.truncated_importance_weights(trainer, sampler, mask, cap=0.0)
+
+
+def test_token_weights_scale_the_surrogate_not_the_kl():
+    # One row, two tokens, on-policy (ratio 1), A = 1: per token surrogate -1, k3 = 0 (ref = pi).
+    logps = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    A, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2)
+    w = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
+    loss, _ = grpo.clipped_policy_loss(logps, logps.detach(), A, mask, token_weights=w)
+    assert loss.item() == pytest.approx((-2.0 - 0.5) / 2)  # token mean of -w_t * ratio * A
+    loss.backward()
+    torch.testing.assert_close(logps.grad, -w / 2)  # d(-w r A / 2)/dlogp = -w / 2 at r = 1
+    # Weights 1 are no weights at all; a KL term is added after the weighting, unscaled.
+    plain, _ = grpo.clipped_policy_loss(logps, logps.detach(), A, mask)
+    ones, _ = grpo.clipped_policy_loss(logps, logps.detach(), A, mask, token_weights=torch.ones(1, 2))
+    assert ones.item() == plain.item()
+    ref = torch.tensor([[math.log(2), 0.0]], dtype=torch.float64)  # k3 = 2 - ln 2 - 1 on token 1
+    kl_loss, _ = grpo.clipped_policy_loss(logps, logps.detach(), A, mask, ref_logps=ref, beta=1.0, token_weights=w)
+    assert kl_loss.item() == pytest.approx((-2.0 + (1 - math.log(2)) - 0.5) / 2)
+    with pytest.raises(ValueError, match="token_weights"):
+        grpo.clipped_policy_loss(logps, logps.detach(), A, mask, token_weights=torch.ones(2, 1))
+
+
 def test_loss_ignores_masked_positions():
     g = torch.Generator().manual_seed(1)
     N, T = 4, 6
