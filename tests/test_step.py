@@ -95,6 +95,7 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
     updating `tracker` in place. Returns what train.py must have allocated, observed and fed on."""
     M = len(prompt_idx)
     pass_rates, seen = tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx)
+    knapsack_stats = tracker.knapsack_stats(prompt_idx)  # Knapsack-RL's own p estimate and counts
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
     rows_of = {}  # prompt position i -> its rows' (dataset index, row within its generation call)
     if args.probe:  # B_low rows per prompt first, pooled with the last visits (train.py --probe)
@@ -103,9 +104,12 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
         pass_rates = np.array([(sum(s for s, _ in h) + s) / (sum(n for _, n in h) + args.min_budget)
                                for h, s in zip(hist, probe)])
         seen = np.ones(M, dtype=bool)
-    tau = coba.resolve_tau(args.tau, pass_rates)
+        probe_rewards = [float(is_correct(j, r)) for j in prompt_idx for r in range(args.min_budget)]
+        knapsack_stats = train.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
+    tau = coba.resolve_tau(args.tau, pass_rates)  # logged over all M; "adaptive" goes on as is
     budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget, args.min_budget,
-                                        args.max_budget, alpha_t, beta_t, tau, solver=args.solver)
+                                        args.max_budget, alpha_t, beta_t, "adaptive" if args.tau == "adaptive"
+                                        else tau, solver=args.solver, knapsack_stats=knapsack_stats)
     for i, (j, B) in enumerate(zip(prompt_idx, budgets)):
         rows_of[i] = ([(j, r) for r in range(args.min_budget)] + [(j, r) for r in range(B - args.min_budget)]
                       if args.probe else [(j, r) for r in range(B)])
@@ -113,7 +117,7 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
     completions = [[rollouts.completion(j, records[j]["answer"], r, args.max_completion_length)
                     for j, r in rows_of[i]] for i in range(M)]
     successes = [sum(r) for r in rewards]
-    F_t = tracker.update(prompt_idx, successes, budgets)
+    F_t = tracker.update(prompt_idx, successes, budgets, rewards=rewards)
     p_after = tracker.pass_rates(prompt_idx)  # = successes_i / B_i with --failure-window 1
     # advantages of each prompt's rows from those rows alone
     advantages = [grpo.group_advantages(torch.tensor(r), torch.zeros(len(r), dtype=torch.long),
@@ -143,8 +147,8 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
     real_policy_update, real_make_opt = train.policy_update, train.make_optimizer
     real_logps = train.grpo.per_token_logps
 
-    def load_data(args):
-        train_set, evals = real_load_data(args)
+    def load_data(args, *a, **kw):
+        train_set, evals = real_load_data(args, *a, **kw)
         rec["records"] = train_set
         rec["rollouts"] = FixedRollouts(build_tokenizer(), train_set)
         monkeypatch.setattr(train, "generate_groups", rec["rollouts"])
@@ -155,8 +159,8 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
         rec["allocate"].append({"args": copy.deepcopy(a), "kw": dict(kw), "out": list(out)})
         return out
 
-    def tracker_update(self, prompt_ids, successes, totals):
-        F_t = real_update(self, prompt_ids, successes, totals)
+    def tracker_update(self, prompt_ids, successes, totals, *a, **kw):
+        F_t = real_update(self, prompt_ids, successes, totals, *a, **kw)
         ids = [int(i) for i in prompt_ids]
         rec["tracker"].append({"ids": ids, "F_t": F_t,
                                "pass_rates": self.pass_rates(ids).copy(), "visits":
@@ -212,7 +216,8 @@ def expected_steps(rec: dict) -> list[dict]:
     """correct_step for each logged step, on the prompts the sampler drew."""
     args = rec["args"]
     tracker = coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
-                                     kappa=args.kappa, schedule=args.schedule_obj)
+                                     kappa=args.kappa, schedule=args.schedule_obj,
+                                     released_init=args.allocator == "coba-released")
     return [correct_step(tracker, r["prompt_idx"], r["step"] - 1, args, rec["rollouts"], rec["records"])
             for r in rec["steps"]]
 
@@ -370,14 +375,14 @@ def test_golden_step(tmp_path, toy_model_dir, monkeypatch, mini_batches, micro):
 
 
 @pytest.mark.parametrize("extra", [
-    ["--loss-type", "grpo"],
-    ["--loss-type", "dr_grpo", "--no-std-scaling"],
+    ["--loss-type", "grpo", "--schedule", "linear-decay", "--allocator", "coba-released"],
+    ["--loss-type", "dr_grpo", "--no-std-scaling", "--tau", "6.0", "--solver", "threshold"],
     ["--beta", "0.1", "--max-grad-norm", "0.5"],
     ["--probe", "--allocator", "knapsack", "--failure-window", "2"],
 ])
 def test_golden_step_variants(tmp_path, toy_model_dir, monkeypatch, extra):
-    """The same checks under the other loss aggregations, the KL term with gradient clipping,
-    the in-step probe and another allocator, with 2 mini-batches of 3-row micro-batches."""
+    """The same checks under the other loss aggregations, schedules, tau, solvers and allocators,
+    the KL term with gradient clipping, and the in-step probe: 2 mini-batches of 3-row micro-batches."""
     rec = run_recorded(tmp_path, monkeypatch, ["--num-mini-batches", "2", "--micro-batch-size", "3"] + extra)
     exp = expected_steps(rec)
     check_allocation_and_tracker(rec, exp)
