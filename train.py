@@ -20,7 +20,7 @@ With no arguments it trains the tiny offline model of toy.py on CPU in a few min
 The paper's setting, on one GPU:
     python train.py --model Qwen2.5-1.5B --dataset math --use-vllm
 Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts, dynamic sampling.
-Tests: tests/test_train.py.
+Tests: tests/test_train.py; crashes, NaNs, a second run and bad data files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
@@ -1107,7 +1107,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 last = find_checkpoint(out)
                 kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
                 message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
-                           f"--learning-rate ({args.learning_rate}) or --max-grad-norm and start again")
+                           f"--learning-rate ({args.learning_rate}) and start again with --overwrite")
                 write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
                 log.close()
                 raise SystemExit(f"error: {message}")
