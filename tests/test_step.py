@@ -332,6 +332,10 @@ def check_allocation_and_tracker(rec: dict, exp: list[dict]):
         assert r["frac_reward_zero_std"] == pytest.approx(e["zero_signal_groups"] / 8)
         assert r["rollouts"] == sum(sum(x["budgets"]) for x in exp[:s + 1])
         assert r["completion_tokens"] == sum(map(len, e["completions"]))
+        assert r["completion_length"] == pytest.approx(np.mean([len(c) for c in e["completions"]]))
+        assert r["reward_std"] == pytest.approx(float(e["rewards"].std()), abs=1e-7)
+        assert (r["type"], r["step"], r["lr"]) == ("train", s + 1, args.learning_rate)
+        assert r["verify_timeouts"] == r["verify_errors"] == 0
 
 
 def check_batch_and_update(rec: dict, exp: list[dict], min_ratio_dev: float = 0.02):
@@ -361,6 +365,12 @@ def check_batch_and_update(rec: dict, exp: list[dict], min_ratio_dev: float = 0.
             assert ref[1]["ratio_dev"] > min_ratio_dev, ref[1]["ratio_dev"]
             assert ref[1]["metrics"]["clip_frac"] > 0  # and some tokens are clipped
         assert r["grad_norm"] == pytest.approx(ref[-1]["norm"], rel=2e-3)  # logged: the last step's
+        N = len(e["rewards"])
+        assert r["num_tokens"] == sum(map(len, e["completions"]))
+        if args.micro_batch_size >= N:  # one micro-batch per mini-batch: metrics are row-weighted means
+            for key in ("ratio_mean", "clip_frac", "kl"):
+                want = sum(w["metrics"][key] * len(w["rows"]) / N for w in ref)
+                assert r[key] == pytest.approx(want, rel=1e-4, abs=1e-6), key
         assert r["loss"] == pytest.approx(np.mean([w["loss"] for w in ref]), rel=2e-4, abs=1e-6), s
 
 
