@@ -61,8 +61,8 @@ class FixedRollouts:
     without EOS, cut at max_new_tokens), so completion lengths differ and the token-mean
     normaliser matters. Prompts it does not know (the held-out eval) get a lone EOS."""
 
-    def __init__(self, tokenizer, records: list[dict]):
-        self.tok, self.calls = tokenizer, []
+    def __init__(self, tokenizer, records: list[dict], sampler_logps: bool = False):
+        self.tok, self.calls, self.sampler_logps = tokenizer, [], sampler_logps
         self.by_question = {r["question"]: (j, r["answer"]) for j, r in enumerate(records)}
 
     def completion(self, j: int, answer: str, r: int, max_new_tokens: int) -> list[int]:
@@ -75,7 +75,12 @@ class FixedRollouts:
         ids = self.tok.encode(text, add_special_tokens=False) + end
         return ids[:max_new_tokens]
 
-    def __call__(self, model, tokenizer, prompt_ids, budgets, *, max_new_tokens, **kw):
+    @staticmethod
+    def sampler_lp(n: int) -> list[float]:
+        """A stand-in vLLM sampler's log-prob of each of n completion tokens (a fixed pattern)."""
+        return [-0.3 - 0.4 * (t % 4) for t in range(n)]
+
+    def __call__(self, model, tokenizer, prompt_ids, budgets, *, max_new_tokens, logprobs_out=None, **kw):
         self.calls.append({"budgets": list(budgets), "greedy": kw.get("greedy", False)})
         out = []
         for p, B in zip(prompt_ids, budgets):
@@ -83,6 +88,8 @@ class FixedRollouts:
             for r in range(B):
                 out.append([self.tok.eos_token_id] if key is None else
                            self.completion(key[0], key[1], r, max_new_tokens))
+        if logprobs_out is not None:  # as rollout.generate_groups: None per row on the HF path
+            logprobs_out.extend(self.sampler_lp(len(c)) if self.sampler_logps else None for c in out)
         return out
 
 
@@ -150,7 +157,8 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
         rec["records"] = train_set
-        rec["rollouts"] = FixedRollouts(build_tokenizer(), train_set)
+        rec["rollouts"] = FixedRollouts(build_tokenizer(), train_set,
+                                        sampler_logps="--vllm-importance-sampling-cap" in extra)
         monkeypatch.setattr(train, "generate_groups", rec["rollouts"])
         return train_set, evals
 
@@ -263,9 +271,11 @@ def reference_update(rec: dict, s: int, exp: dict) -> list[dict]:
     ref = None
     if args.beta > 0:
         ref = row_logps(up["ref_model"], tok, exp["prompts"], exp["completions"], T, args.temperature, False)
-    mask = torch.zeros(len(exp["completions"]), T)
+    mask, sampler = torch.zeros(len(exp["completions"]), T), torch.zeros(len(exp["completions"]), T)
     for r, c in enumerate(exp["completions"]):
         mask[r, :len(c)] = 1
+        sampler[r, :len(c)] = torch.tensor(FixedRollouts.sampler_lp(len(c)))
+    cap = getattr(args, "vllm_importance_sampling_cap", None)
     used, out = set(), []
     for k, snap in enumerate(opt_steps):
         rows = []
@@ -279,7 +289,9 @@ def reference_update(rec: dict, s: int, exp: dict) -> list[dict]:
         loss, metrics = grpo.clipped_policy_loss(
             logps, old[rows], exp["advantages"][rows], mask[rows], epsilon_low=args.epsilon,
             epsilon_high=args.epsilon_high, ref_logps=None if ref is None else ref[rows], beta=args.beta,
-            loss_type=args.loss_type, max_completion_length=args.max_completion_length)
+            loss_type=args.loss_type, max_completion_length=args.max_completion_length,
+            token_weights=None if cap is None else  # truncated IS against the sampler's log-probs
+            grpo.truncated_importance_weights(old[rows], sampler[rows], mask[rows], cap))
         loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
         # then clip_grad_norm_ to --max-grad-norm, as torch does it (1e6 in BASE: a no-op)
@@ -288,6 +300,10 @@ def reference_update(rec: dict, s: int, exp: dict) -> list[dict]:
         out.append({"rows": rows, "loss": float(loss.detach()), "grads": grads, "metrics": metrics, "norm": norm,
                     "ratio_dev": float(((logps.detach() - old[rows]).exp() - 1).abs().max())})
     assert sorted(used) == list(range(len(exp["completions"]))), "mini-batches must cover every row once"
+    if cap is not None:  # logged: token means over the whole batch
+        m = mask.bool()
+        out[0]["vllm_logp_gap"] = float((old - sampler).abs()[m].mean())
+        out[0]["vllm_is_weight_mean"] = float(grpo.truncated_importance_weights(old, sampler, mask, cap)[m].mean())
     return out
 
 
@@ -365,6 +381,8 @@ def check_batch_and_update(rec: dict, exp: list[dict], min_ratio_dev: float = 0.
             assert ref[1]["ratio_dev"] > min_ratio_dev, ref[1]["ratio_dev"]
             assert ref[1]["metrics"]["clip_frac"] > 0  # and some tokens are clipped
         assert r["grad_norm"] == pytest.approx(ref[-1]["norm"], rel=2e-3)  # logged: the last step's
+        for key in ("vllm_logp_gap", "vllm_is_weight_mean"):  # only with sampler log-probs (vLLM)
+            assert r.get(key) == (None if key not in ref[0] else pytest.approx(ref[0][key], rel=1e-4)), key
         N = len(e["rewards"])
         assert r["num_tokens"] == sum(map(len, e["completions"]))
         if args.micro_batch_size >= N:  # one micro-batch per mini-batch: metrics are row-weighted means
@@ -389,10 +407,12 @@ def test_golden_step(tmp_path, toy_model_dir, monkeypatch, mini_batches, micro):
     ["--loss-type", "dr_grpo", "--no-std-scaling", "--tau", "6.0", "--solver", "threshold"],
     ["--beta", "0.1", "--max-grad-norm", "0.5"],
     ["--probe", "--allocator", "knapsack", "--failure-window", "2"],
-])
+    ["--vllm-importance-sampling-cap", "1.5"],
+], ids=["grpo-loss", "dr_grpo-loss", "kl-clip", "probe-knapsack", "tis"])
 def test_golden_step_variants(tmp_path, toy_model_dir, monkeypatch, extra):
     """The same checks under the other loss aggregations, schedules, tau, solvers and allocators,
-    the KL term with gradient clipping, and the in-step probe: 2 mini-batches of 3-row micro-batches."""
+    the KL term with gradient clipping, the in-step probe, and truncated importance sampling
+    against a stand-in sampler's log-probs: 2 mini-batches of 3-row micro-batches."""
     rec = run_recorded(tmp_path, monkeypatch, ["--num-mini-batches", "2", "--micro-batch-size", "3"] + extra)
     exp = expected_steps(rec)
     check_allocation_and_tracker(rec, exp)
