@@ -352,6 +352,9 @@ def check_allocation_and_tracker(rec: dict, exp: list[dict]):
         assert r["reward_std"] == pytest.approx(float(e["rewards"].std()), abs=1e-7)
         assert (r["type"], r["step"], r["lr"]) == ("train", s + 1, args.learning_rate)
         assert r["verify_timeouts"] == r["verify_errors"] == 0
+    if args.schedule == "linear-decay":  # alpha_t falls with progress = step / steps (eq. 7's ablation)
+        alphas = [r["alpha_t"] for r in rec["steps"]]
+        assert alphas[0] == args.kappa - 1 and all(a > b for a, b in zip(alphas, alphas[1:])), alphas
 
 
 def check_batch_and_update(rec: dict, exp: list[dict], min_ratio_dev: float = 0.02):
