@@ -364,7 +364,8 @@ def plot_all(out: Path, runs: list[dict], diffs: list[dict]) -> list[Path]:
         ax2.plot(np.arange(1, S + 1), np.mean([r["F_t"][:S] for r in mine], 0), color="k", alpha=0.4,
                  label=f"F_t (eq. 4), {coba_arms[0]}")
         ax2.set_ylabel("global failure rate F_t")
-        fig.legend(loc="lower left", fontsize=7)
+        ax.legend(loc="lower left", fontsize=7)
+        ax2.legend(loc="lower right", fontsize=7)
         ax.set_title("CoBA's capability signal (mean over seeds)")
         paths.append(_save(fig, out / "alpha_beta_failure.png"))
 
@@ -456,6 +457,8 @@ def main(argv: list[str] | None = None) -> dict:
                 bar.update(1)
         bar.close()
     wall = time.time() - t0
+    if args.plots_only and (args.table_dir / "compare.jsonl").exists():  # keep the runs' own wall time
+        wall = json.loads((args.table_dir / "compare.jsonl").read_text().splitlines()[0]).get("wall_seconds", 0.0)
     runs = []
     for a, s in jobs:
         log = read_log(run_dir_for(out, a, s))
