@@ -51,8 +51,8 @@ BASE = ["--model", "toy", "--dataset", "toy", "--train-size", "8", "--prompts-pe
 # ----------------------------------------------------------------------------------------------
 def is_correct(j: int, r: int) -> bool:
     """Row r of a group for dataset prompt j: all wrong, all right, or mixed (two kinds)."""
-    kind = j % 4
-    return (False, True, r % 2 == 0, r % 3 == 1)[kind]
+    kind = j % 4  # mixed rows are not evenly spread, so a reward's position in its group matters
+    return (False, True, r in (0, 1, 5), r % 3 == 1)[kind]
 
 
 class FixedRollouts:
@@ -131,6 +131,7 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
                                         scale_std=not args.no_std_scaling)[0] for r in rewards]
     zero = [len(set(r)) == 1 for r in rewards]
     return {"prompt_idx": list(prompt_idx), "pass_rates": pass_rates, "seen": seen, "alpha_t": alpha_t,
+            "knapsack_stats": knapsack_stats,
             "beta_t": beta_t, "tau": tau, "budgets": budgets, "successes": successes, "F_t": F_t,
             "p_after": p_after, "F_bar": tracker.f_bar,
             "rewards": torch.tensor([x for r in rewards for x in r]),
@@ -325,6 +326,9 @@ def check_allocation_and_tracker(rec: dict, exp: list[dict]):
         # the allocator saw the last visit's successes_i / B_i (prior 0.5 when unseen) ...
         assert np.allclose(np.asarray(call["args"][1], dtype=float), e["pass_rates"], atol=1e-12), s
         assert list(np.asarray(call["args"][2], dtype=bool)) == list(e["seen"]), s
+        got = call["kw"].get("knapsack_stats")  # Knapsack-RL's (p_hat, rollouts recorded), in order
+        assert got is not None and np.allclose(got[0], e["knapsack_stats"][0], atol=1e-12), (s, got)
+        assert list(got[1]) == list(e["knapsack_stats"][1]), s
         assert call["out"] == e["budgets"] == r["budgets"], s  # ... and its budgets were used and logged
         assert sum(r["budgets"]) == args.total_budget
         # the tracker's last visit of each prompt is exactly (successes_i, B_i) of this step (eq. 1)
@@ -411,7 +415,9 @@ def test_golden_step(tmp_path, toy_model_dir, monkeypatch, mini_batches, micro):
     ["--beta", "0.1", "--max-grad-norm", "0.5"],
     ["--probe", "--allocator", "knapsack", "--failure-window", "2"],
     ["--vllm-importance-sampling-cap", "1.5"],
-], ids=["grpo-loss", "dr_grpo-loss", "kl-clip", "probe-knapsack", "tis"])
+    # Knapsack-RL's p_hat reads the last 16 rewards in order: enough visits that the cut splits one
+    ["--allocator", "knapsack", "--steps", "6", "--max-budget", "16"],
+], ids=["grpo-loss", "dr_grpo-loss", "kl-clip", "probe-knapsack", "tis", "knapsack-6-steps"])
 def test_golden_step_variants(tmp_path, toy_model_dir, monkeypatch, extra):
     """The same checks under the other loss aggregations, schedules, tau, solvers and allocators,
     the KL term with gradient clipping, the in-step probe, and truncated importance sampling
