@@ -207,22 +207,26 @@ PARTS = (
     Part(5, "Experiments and written answers", "paper §3 (Table 1, Figures 1, 4, 6)", 20,
          about="Graded by hand from ANSWERS.md: the written questions of Parts 1-4 (2 points each) and the four "
                "experiment questions below (3 points each). Answer in a few sentences with numbers from your "
-               "own runs; plots may be linked. `compare.py` runs every allocator at an equal rollout budget on "
-               "the offline toy and writes results/compare.jsonl and four plots; flags it does not know go to "
+               "own runs; plots may be linked. `compare.py` runs each arm (an allocator, optionally with "
+               "our in-step `--probe`) at an equal rollout budget on the offline toy, paired over seeds, and "
+               "writes results/PRESET/table.md, compare.jsonl and five plots; flags it does not know go to "
                "train.py.",
-         questions=(("5.1", "Run `python compare.py --seeds 0` (4 runs, about 5-10 minutes on 2 cores after the "
-                            "one-off toy build). Copy the table it prints. Which allocator ends best, and is the "
-                            "gap larger than what one held-out evaluation of 256 problems can resolve?"),
-                    ("5.2", "Open results/alpha_beta_failure.png. Did F_t fall below 0.5? Which branch of eq. 6 "
-                            "was active, so where did the density of eq. 5 peak over training? Did the run ever "
-                            "reach the paper's explore phase?"),
-                    ("5.3", "results/zero_signal.png and budget_vs_pass_rate.png: CoBA spends fewer rollouts on "
-                            "zero-signal groups than uniform GRPO. Did that buy accuracy? Give one mechanism for "
-                            "your answer (look at what happens to prompts last seen at p = 0)."),
+         questions=(("5.1", "Run `python compare.py --preset headline --seeds 0 1` (12 runs, about 20-30 minutes "
+                            "on 2 cores after the one-off toy build). Copy the table it prints. Which arm ends "
+                            "best? Is its difference from uniform larger than its 95% interval can resolve, and "
+                            "than the binomial standard error of one evaluation on 1,024 problems?"),
+                    ("5.2", "Open results/headline/alpha_beta_failure.png. Did F_t fall below 0.5? Which branch of "
+                            "eq. 6 was active, so where did the density of eq. 5 peak over training? Did the run "
+                            "ever reach the paper's explore phase?"),
+                    ("5.3", "results/headline/zero_signal.png and budget_vs_pass_rate.png: CoBA spends fewer "
+                            "rollouts on zero-signal groups than uniform GRPO. Did that buy accuracy? Give one "
+                            "mechanism for your answer (where does the budget go, and what happens to prompts "
+                            "last seen at p = 0 with and without `--probe`?)."),
                     ("5.4", "Pick one knob (`--max-budget 16`, `--tau 3`, `--failure-window 3`, "
                             "`--prompts-per-step 64`, `--schedule explore2exploit`). Predict its effect from the "
-                            "equations first, then run `python compare.py --seeds 0 --allocators uniform coba "
-                            "KNOB` and report what happened."))),
+                            "equations first, then run `python compare.py --seeds 0 1 --arms uniform coba "
+                            "--out results/knob KNOB` (a separate --out, so the runs are not mistaken for the "
+                            "headline's finished ones) and report what happened."))),
 )
 EXERCISE_FILES = sorted({f for part in PARTS for f, _, _ in part.functions})
 
