@@ -488,3 +488,16 @@ def test_bench_runs_and_objectives_agree(capsys):
     rows = A.bench(repeats=1, sizes=[(16, 128, 2, 32), (64, 1024, 2, 64)])
     assert all(r["agree"] for r in rows)
     assert "DP/heap" in capsys.readouterr().out
+
+
+def test_knapsack_invalid_prompts_get_the_default_budget():
+    """Knapsack-RL: a prompt with < 8 recorded rollouts gets the default n (G) and stays out; the
+    default can be set (mutation testing found `default_budget` untested)."""
+    # the valid prompts (p = 0.9: cost cap int(ln 0.1 / ln 0.9) = 21 -> B_up 16) absorb the whole
+    # surplus, so no fallback reaches the invalid ones
+    p, valid = [0.5, 0.5, 0.9, 0.9], [False, False, True, True]
+    b = A.allocate_knapsack(p, valid, 32, 2, 16, default_budget=6)
+    assert b[:2] == [6, 6] and sum(b) == 32 and all(2 <= x <= 16 for x in b)
+    assert A.allocate_knapsack(p, valid, 32, 2, 16)[:2] == [8, 8]  # default: B_total // M
+    with pytest.raises(ValueError, match="default budget"):
+        A.allocate_knapsack(p, valid, 32, 2, 16, default_budget=20)

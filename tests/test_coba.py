@@ -390,3 +390,43 @@ def test_bad_input_is_one_line_value_error(call, names):
         call()
     msg = str(err.value)
     assert "\n" not in msg and names in msg, msg
+
+
+# ----------------------------------------------------------------------------------------------
+# Gaps found by mutation testing (results/mutation.md): each test kills one surviving mutant
+# ----------------------------------------------------------------------------------------------
+def test_adaptive_tau_single_prompt_and_empty_batch():
+    assert coba.adaptive_tau([0.3]) == 3.0  # one pass rate: variance 0 -> the bottom of [3, 12]
+    with pytest.raises(ValueError, match="at least one"):
+        coba.adaptive_tau([])
+
+
+def test_tracker_refuses_gamma_zero():
+    with pytest.raises(ValueError, match="gamma"):
+        coba.CapabilityTracker(gamma=0.0)
+
+
+def test_tracker_rebuilt_from_visits_keeps_the_window():
+    """A tracker built from saved visits still drops the oldest visit once `window` is full."""
+    t = coba.CapabilityTracker(window=2, visits={0: [(1.0, 2.0), (0.0, 2.0)]})
+    t.update([0], [2.0], [2.0])
+    assert list(t.visits[0]) == [(0.0, 2.0), (2.0, 2.0)]
+    assert t.pass_rates([0])[0] == pytest.approx(0.5)
+
+
+def test_load_state_dict_compares_the_schedule():
+    saved = coba.CapabilityTracker(schedule="exploit2explore").state_dict()
+    with pytest.raises(ValueError, match="schedule"):
+        coba.CapabilityTracker(schedule="explore2exploit").load_state_dict(saved)
+
+
+def test_knapsack_statistics_survive_a_checkpoint():
+    t = coba.CapabilityTracker()
+    t.update([3, 7], [1.0, 0.0], [4.0, 2.0], rewards=[[0, 1, 0, 0], [0, 0]])
+    t.update([3], [2.0], [2.0], rewards=[[1, 1]])
+    back = coba.CapabilityTracker()
+    back.load_state_dict(json.loads(json.dumps(t.state_dict())))
+    for got, want in zip(back.knapsack_stats([3, 7, 9]), t.knapsack_stats([3, 7, 9])):
+        np.testing.assert_array_equal(got, want)
+    p_hat, counts = back.knapsack_stats([3, 7])
+    assert counts.tolist() == [6, 2] and p_hat[0] == pytest.approx(3 / 6)  # last 16 rewards: 0,1,0,0,1,1

@@ -452,3 +452,9 @@ def test_half_precision_model_gives_float32_logps(model):
     assert half.dtype == torch.float32
     # bf16 weights keep ~3 significant digits; measured max error 0.07 nats here
     torch.testing.assert_close(half.double(), exact, rtol=0, atol=0.15)
+
+
+def test_group_advantages_of_an_empty_batch():
+    """N = 0 rollouts (mutation testing found no case): nothing to score, no groups, no error."""
+    adv, stats = grpo.group_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert adv.shape == (0,) and stats["num_groups"] == 0 and stats["zero_signal_rollouts"] == 0
