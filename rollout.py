@@ -145,11 +145,14 @@ def request_seed(seed: int, prompt_index: int) -> int:
     return ((seed * 1_000_003 + prompt_index) * SEEDS_PER_PROMPT) % (1 << 63)
 
 
-def vllm_max_model_len(max_position_embeddings: int | None, max_completion_length: int) -> int:
-    """PROMPT_ALLOWANCE + T, clamped to the model's position limit: vLLM refuses a larger
+def vllm_max_model_len(max_position_embeddings: int | None, max_completion_length: int,
+                       max_prompt_length: int | None = None) -> int:
+    """Longest prompt + T, clamped to the model's position limit: vLLM refuses a larger
     max_model_len (config/model.py:2657-2690, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN, which gives NaNs
-    past RoPE's range)."""
-    want = PROMPT_ALLOWANCE + max_completion_length
+    past RoPE's range). The longest prompt is train.py's --max-prompt-length (longer prompts are
+    skipped when the data is loaded), else PROMPT_ALLOWANCE; a tighter bound leaves vLLM more room
+    for the KV cache."""
+    want = (max_prompt_length or PROMPT_ALLOWANCE) + max_completion_length
     return want if not max_position_embeddings else min(want, int(max_position_embeddings))
 
 
@@ -195,7 +198,8 @@ class VLLMGenerator:
             max_position_embeddings = _max_positions(model_path)
         self.vllm = vllm
         self.sleep_mode = args.vllm_enable_sleep_mode
-        self.max_model_len = vllm_max_model_len(max_position_embeddings, args.max_completion_length)
+        self.max_model_len = vllm_max_model_len(max_position_embeddings, args.max_completion_length,
+                                                getattr(args, "max_prompt_length", None))
         self.llm = vllm.LLM(
             model=model_path, dtype="bfloat16", seed=args.seed,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=self.max_model_len,

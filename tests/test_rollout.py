@@ -310,6 +310,7 @@ def test_request_seed_and_max_model_len():
     assert rollout.vllm_max_model_len(32768, 1024) == 4096 + 1024
     assert rollout.vllm_max_model_len(4096, 1024) == 4096  # clamped: vLLM refuses more
     assert rollout.vllm_max_model_len(None, 1024) == 5120
+    assert rollout.vllm_max_model_len(32768, 1024, max_prompt_length=512) == 512 + 1024  # --max-prompt-length
 
 
 def test_sampler_logps_tensor_aligns_with_completion_mask():
