@@ -370,14 +370,19 @@ class CapabilityTracker:
         stats = [self.knapsack.get(int(i), (0, 0.0, ())) for i in prompt_ids]
         return (np.array([s[1] for s in stats], dtype=float), np.array([s[0] for s in stats], dtype=int))
 
-    def _record_knapsack(self, i: int, rewards: list) -> None:
-        """One visit of prompt i into Knapsack-RL's statistics (`update_sample_state`, with its
-        defaults epoch_estimation = robust_epoch_estimation = True)."""
-        n, _, last = self.knapsack.get(i, (0, 0.0, []))
+    def knapsack_after(self, i: int, rewards: list) -> list:
+        """Prompt i's Knapsack-RL statistics [rollouts recorded, p_hat, last 16 rewards] once a visit
+        with these rewards is recorded (`update_sample_state`, with its defaults epoch_estimation =
+        robust_epoch_estimation = True). Pure: train.py's --probe asks before recording."""
+        n, _, last = self.knapsack.get(int(i), (0, 0.0, []))
         last = (list(last) + list(rewards))[-KNAPSACK_BUFFER:]  # the last 16 rewards, oldest first
         # a visit of >= 16 rollouts is its own estimate; a smaller one borrows from earlier visits
         p_hat = float(np.mean(rewards)) if len(rewards) >= KNAPSACK_BUFFER else float(np.mean(last))
-        self.knapsack[i] = [n + len(rewards), p_hat, last]
+        return [n + len(rewards), p_hat, last]
+
+    def _record_knapsack(self, i: int, rewards: list) -> None:
+        """One visit of prompt i into Knapsack-RL's statistics."""
+        self.knapsack[i] = self.knapsack_after(i, rewards)
 
     def update(self, prompt_ids, successes, totals, rewards=None) -> float:
         """Record one step: prompt i got successes[i] correct out of totals[i] rollouts (B_i).

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -94,17 +93,10 @@ def run_dir_for(out: Path, arm: str, seed: int) -> Path:
 
 
 def read_log(run_dir: Path) -> list[dict]:
-    """The run's JSONL records; a torn last line (a run killed mid-write) is ignored."""
-    path = run_dir / "log.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
+    """The run's JSONL records (train.read_log: a torn last line of a killed run is dropped)."""
+    import train  # torch comes with it; only needed once runs exist
+
+    return train.read_log(run_dir / "log.jsonl")
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -118,10 +110,8 @@ def run_one(arm: str, seed: int, out: Path, extra: list[str]) -> Path:
         return run_dir
     cmd = [sys.executable, str(REPO / "train.py"), *ARMS[arm], "--seed", str(seed),
            "--output-dir", str(run_dir), "--no-progress", "--threads", "1", *extra]
-    if any(run_dir.glob("checkpoint*")):
+    if run_dir.exists():  # interrupted: continue from its newest complete checkpoint (none: from scratch)
         cmd.append("--resume")
-    elif run_dir.exists():  # started but never checkpointed: nothing to keep
-        shutil.rmtree(run_dir)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0 or not is_finished(run_dir):
         raise RuntimeError(f"run {arm} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -289,17 +289,15 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     Returns input_ids (N, P+T), attention_mask (N, P+T), completion_mask (N, T). An empty
     completion (EOS-less and length 0) keeps an all-zero mask row: it carries no loss.
     """
-    P = max(map(len, prompt_ids))
+    p_ids, p_attn = left_pad(prompt_ids, pad_id)  # (N, P) each: the same layout generation saw
     T = max(1, max(map(len, completion_ids)))
-    ids = torch.full((len(prompt_ids), P + T), pad_id, dtype=torch.long)  # (N, P+T)
-    attn = torch.zeros_like(ids)  # (N, P+T)
-    for r, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        ids[r, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        attn[r, P - len(p):P] = 1
+    c_ids = torch.full((len(completion_ids), T), pad_id, dtype=torch.long)  # (N, T)
+    cmask = torch.zeros_like(c_ids)  # (N, T)
+    for r, c in enumerate(completion_ids):
         if c:
-            ids[r, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-            attn[r, P:P + len(c)] = 1
-    return ids, attn, attn[:, P:].clone()  # (N, P+T), (N, P+T), (N, T)
+            c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+            cmask[r, :len(c)] = 1
+    return torch.cat([p_ids, c_ids], 1), torch.cat([p_attn, cmask], 1), cmask  # (N, P+T), (N, P+T), (N, T)
 
 
 def decode(tokenizer, ids: list[list[int]]) -> list[str]:

@@ -43,8 +43,7 @@ import allocate
 import coba
 import grpo
 import verify
-from rollout import (VLLMGenerator, collate, decode, generate_groups, hf_generate,  # noqa: F401 (hf_generate: tests)
-                     sampler_logps_tensor)
+from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
 
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
 MODEL_ALIASES = {
@@ -555,16 +554,11 @@ def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) ->
 
 
 def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_budget: int):
-    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the same
-    last-16-rewards rule as coba.CapabilityTracker, with the probe's B_low rewards appended."""
-    p_hat, counts = [], []
-    for k, i in enumerate(prompt_idx):
-        n, _, last = tracker.knapsack.get(int(i), (0, 0.0, ()))
-        mine = list(probe_rewards[k * probe_budget:(k + 1) * probe_budget])
-        recent = (list(last) + mine)[-coba.KNAPSACK_BUFFER:]
-        p_hat.append(float(np.mean(mine)) if len(mine) >= coba.KNAPSACK_BUFFER else float(np.mean(recent)))
-        counts.append(n + len(mine))
-    return np.array(p_hat, dtype=float), np.array(counts, dtype=int)
+    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the tracker's
+    own rule (coba.CapabilityTracker.knapsack_after) with each prompt's B_low probe rewards."""
+    after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
+             for k, i in enumerate(prompt_idx)]
+    return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)
 
 
 def merge_groups(first: list, first_budgets: list[int], second: list, second_budgets: list[int]) -> list:
@@ -1090,7 +1084,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
             # 5. pass rates and F_t for the next allocation (eqs. 1, 4)
             successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
-            per_prompt = [rewards[group_ids == i].tolist() for i in range(M)]  # Knapsack-RL's p_hat reads them in order
+            per_prompt = [r.tolist() for r in rewards.split(budgets)]  # rows are prompt-major; Knapsack-RL's p_hat reads them in order
             tracker.update(prompt_idx, successes.tolist(), budgets, rewards=per_prompt)
             # 6. group advantages on ragged groups; 7. clipped surrogate, mini-batch steps
             advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
