@@ -318,7 +318,7 @@ def allocate_threshold(C, k, total_budget, min_budget, max_budget) -> list[int]:
     live = a > 0  # prompts with positive gains; the others are indifferent to their budget
     if R > L * live.sum():  # every live prompt at B_up; the rest goes to zero-gain prompts
         budgets[live] = hi
-        _split_proportional(budgets, ~live, np.ones(M), int(total_budget) - int(budgets.sum()), hi)
+        _fill_evenly(budgets, np.flatnonzero(~live), int(total_budget) - int(budgets.sum()), hi)
         return budgets.tolist()
     if R == 0:
         return budgets.tolist()
@@ -351,28 +351,6 @@ def allocate_threshold(C, k, total_budget, min_budget, max_budget) -> list[int]:
         owner = owner[np.argpartition(-log_gain, missing - 1)[:missing]] if missing else owner[:0]
     budgets[live] += n_hi + np.bincount(owner, minlength=u.size)
     return budgets.tolist()
-
-
-def _split_proportional(budgets: np.ndarray, group: np.ndarray, weights: np.ndarray, left: int,
-                        max_budget: int) -> int:
-    """Hand `left` units to the prompts in `group` (bool mask) in proportion to `weights`, none above
-    B_up, in place. Floors first, then one unit each to the largest shares; returns what is left
-    (> 0 only when the whole group is at B_up). Each round places >= 1 unit, so it always ends."""
-    idx = np.flatnonzero(group)
-    while left > 0:
-        room = max_budget - budgets[idx]
-        active, room = idx[room > 0], room[room > 0]
-        if active.size == 0:
-            break
-        w = weights[active]
-        share = left * (w / w.sum() if w.sum() > 0 else np.full(active.size, 1.0 / active.size))
-        give = np.minimum(np.floor(share).astype(int), room)
-        if give.sum() == 0:  # every share < 1: one unit each to the largest shares
-            give[np.argsort(-share, kind="stable")[:left]] = 1
-        budgets[active] += give
-        left -= int(give.sum())
-    return left
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,8 +419,6 @@ def allocate_knapsack(p_hat, valid, total_budget, min_budget, max_budget, defaul
     never gets more than its prompts hold (the official spreads its excess above max_n); the no-
     informative case is uniform_budgets (the official sets every prompt to G, dropping B_total % M).
     """
-    import coba  # the Knapsack-RL value lives there with the other values
-
     p, valid = _check_pass_rates(p_hat), np.asarray(valid, dtype=bool).ravel()
     M = p.size
     check_feasible(M, total_budget, min_budget, max_budget)
