@@ -93,10 +93,10 @@ def run_dir_for(out: Path, arm: str, seed: int) -> Path:
 
 
 def read_log(run_dir: Path) -> list[dict]:
-    """The run's JSONL records (train.read_log: a torn last line of a killed run is dropped)."""
-    import train  # torch comes with it; only needed once runs exist
+    """The run's JSONL records (checkpoint.read_log: a torn last line of a killed run is dropped)."""
+    import checkpoint  # torch comes with it; only needed once runs exist
 
-    return train.read_log(run_dir / "log.jsonl")
+    return checkpoint.read_log(run_dir / "log.jsonl")
 
 
 def is_finished(run_dir: Path) -> bool:

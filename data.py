@@ -1,0 +1,251 @@
+"""Data: what turns `--dataset` into the problems train.py samples from, as {'question', 'answer'} records.
+
+The paper trains on MATH-style problems with a verifiable final answer (§3, App. C): a prompt is a
+question, a reward is 1 when the completion's final answer matches the reference (verify.py).
+This file reads them from the toy generator (toy.py), a hub dataset (aliases below) or a local
+.jsonl/.json/.parquet file; checks every row (a row without a usable question or answer is skipped
+and counted, or with --bad-rows error stops the run at its file:line); keeps only the final answer
+of a GSM8K/MATH solution; formats prompts (template, chat template); and skips problems whose
+prompt is over --max-prompt-length tokens. It keeps file formats and their errors out of train.py,
+whose loop only sees records. No model, no torch.
+Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import verify
+
+# name -> (hub path, config name, question field, answer field, train split, test split)
+DATASET_ALIASES = {
+    "gsm8k": ("openai/gsm8k", "main", "question", "answer", "train", "test"),
+    "math": ("DigitalLearningGmbH/MATH-lighteval", None, "problem", "solution", "train", "test"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "problem", "answer", "test", None),
+    "dapo-math-17k": ("BytedTsinghua-SIA/DAPO-Math-17k", None, "prompt", "reward_model.ground_truth",
+                      "train", None),
+}
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def _field(record: dict, dotted: str):
+    """record['a']['b'] for 'a.b'; a chat-style list of messages yields its last message's content."""
+    value = record
+    for key in dotted.split("."):
+        value = value[key]
+    if isinstance(value, list) and value and isinstance(value[-1], dict) and "content" in value[-1]:
+        value = value[-1]["content"]
+    return value
+
+
+_MISSING = object()  # a row without the field at all, told apart from a field that is null
+
+
+def _field_or_missing(record, dotted: str):
+    try:
+        return _field(record, dotted)
+    except (KeyError, TypeError, IndexError):  # no such key, a row that is not an object, empty list
+        return _MISSING
+
+
+def usable_text(value) -> str | None:
+    """A question or answer as text, or None when nothing can be learnt from it: missing, null, empty,
+    a list or an object (str(None) would otherwise turn a null into the question "None")."""
+    if isinstance(value, bool) or value is None or value is _MISSING:
+        return None
+    if isinstance(value, (int, float)):  # numeric answers ("answer": 72) are fine
+        return str(value) if math.isfinite(value) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def reference_answer(raw) -> str:
+    """GSM8K answers end in '#### 42' and MATH solutions hold a \\boxed{}: keep only the final answer."""
+    text = str(raw)
+    if "\\boxed" in text or "####" in text:
+        found, _rule = verify.extract_answer(text)
+        if found is not None:
+            return found
+    return text.strip()
+
+
+def to_records(rows, question_field: str, answer_field: str, source: str, where: list[str] | None = None,
+               bad_rows: str = "skip", counts: dict | None = None) -> list[dict]:
+    """Rows -> [{'question', 'answer'}] strings. Every row is checked, not just the first: a row
+    without a usable question or answer is skipped and counted (counts['skipped_rows']), or with
+    bad_rows='error' stops the run at its place (where[i], e.g. 'data.jsonl:17'). A field that no row
+    has is a misnamed column: one error naming the columns and the flag to pass."""
+    rows = list(rows)
+    where = where or [f"{source} row {i + 1}" for i in range(len(rows))]
+    pairs = [(_field_or_missing(r, question_field), _field_or_missing(r, answer_field)) for r in rows]
+    for k, (name, flag) in enumerate(((question_field, "--question-field"), (answer_field, "--answer-field"))):
+        if rows and all(pair[k] is _MISSING for pair in pairs):
+            cols = ", ".join(sorted(rows[0])) if isinstance(rows[0], dict) else "?"
+            raise SystemExit(f"error: {source} has no column '{name}' (columns: {cols}): pass {flag}")
+    records, skipped = [], []
+    for place, (q, a) in zip(where, pairs):
+        question, answer = usable_text(q), usable_text(a)
+        if question is None or answer is None:
+            if bad_rows == "error":
+                name = question_field if question is None else answer_field
+                raise SystemExit(f"error: {place}: no usable '{name}' (missing, null or empty): fix the "
+                                 "row, or pass --bad-rows skip to skip such rows")
+            skipped.append(place)
+            continue
+        records.append({"question": question, "answer": reference_answer(answer)})
+    if skipped:
+        print(f"note: skipped {len(skipped)} of {len(rows)} rows without a usable question or answer "
+              f"(first: {skipped[0]}); --bad-rows error stops at them instead", file=sys.stderr)
+        if counts is not None:
+            counts["skipped_rows"] = counts.get("skipped_rows", 0) + len(skipped)
+    return records
+
+
+def read_json_rows(path: Path, question_field: str) -> tuple[list, list[str]]:
+    """(rows, where each came from) of a .jsonl/.json file: JSON Lines ('file:line'), a JSON array,
+    an object holding one array of rows ({"data": [...]}), or one (pretty-printed) problem. A BOM is
+    dropped; bytes that are not UTF-8 and lines that are not JSON are one-line errors with file:line."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # -sig: a leading BOM (Windows editors) is not part of row 1
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise SystemExit(f"error: {path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8: save the file as UTF-8")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as e:
+        whole = e  # JSON Lines (or broken): read line by line below
+    if isinstance(whole, list):
+        return whole, [f"{path} item {i + 1}" for i in range(len(whole))]
+    if isinstance(whole, dict):
+        arrays = [(k, v) for k, v in whole.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        if _field_or_missing(whole, question_field) is _MISSING and len(arrays) == 1:
+            key, rows = arrays[0]
+            return rows, [f"{path} {key}[{i}]" for i in range(len(rows))]
+        return [whole], [f"{path}:1"]
+    if not isinstance(whole, json.JSONDecodeError):
+        raise SystemExit(f"error: {path}: holds a JSON {type(whole).__name__}, not problems (objects)")
+    if text.lstrip().startswith("["):  # a broken array, not JSON Lines: its own error position is the useful one
+        raise SystemExit(f"error: {path}:{whole.lineno}: not valid JSON ({whole.msg})")
+    rows, where = [], []
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines(): JSON strings may hold U+2028
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"error: {path}:{number}: not valid JSON ({e.msg}, column {e.colno})")
+            where.append(f"{path}:{number}")
+    return rows, where
+
+
+def read_local(path: str, question_field: str, answer_field: str, bad_rows: str = "skip",
+               counts: dict | None = None) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"error: dataset file {path} does not exist")
+    if p.suffix == ".parquet":
+        import datasets
+
+        rows, where = datasets.load_dataset("parquet", data_files=str(p), split="train"), None
+    elif p.suffix in (".jsonl", ".json"):
+        rows, where = read_json_rows(p, question_field)
+    else:
+        raise SystemExit(f"error: {path}: use a .jsonl, .json or .parquet file")
+    return to_records(rows, question_field, answer_field, path, where, bad_rows, counts)
+
+
+def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, list[dict]]]:
+    """(train records, {eval name: records}); each record has 'question' and 'answer' strings.
+    counts (optional) collects the rows skipped on the way, for the log's config line."""
+    rng = random.Random(args.seed)
+    held_out = 0
+    if args.dataset == "toy":
+        import toy
+
+        # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
+        train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
+        evals = {"heldout": test}
+    else:
+        hub, config, qf, af, train_split, test_split = DATASET_ALIASES.get(
+            args.dataset, (args.dataset, None, "question", "answer", "train", None))
+        qf, af = args.question_field or qf, args.answer_field or af
+        if Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
+            train, test_split = read_local(args.dataset, qf, af, args.bad_rows, counts), None
+        else:
+            try:
+                import datasets
+
+                ds = datasets.load_dataset(hub, config)
+            except Exception as e:  # offline, unknown name, auth: all end the same way for a user
+                raise SystemExit(f"error: cannot load dataset '{args.dataset}' from the hub ({type(e).__name__}): "
+                                 "when offline, pass a local .jsonl/.parquet file with --dataset PATH")
+            train = to_records(ds[train_split], qf, af, args.dataset, None, args.bad_rows, counts)
+            test_split = to_records(ds[test_split], qf, af, args.dataset, None, args.bad_rows, counts) \
+                if test_split in ds else None
+        if test_split is None:  # hold out a seeded slice of the training data
+            rng.shuffle(train)
+            # At most a fifth of the file: the hub preset's 500 would otherwise take all of a 40-problem file.
+            held_out = min(args.eval_size, len(train) // 5)
+            if held_out < args.eval_size:
+                print(f"note: {args.dataset} has {len(train)} problems: holding out {held_out} (a fifth) for "
+                      f"evaluation instead of --eval-size {args.eval_size}", file=sys.stderr)
+            test_split, train = train[:held_out], train[held_out:]
+        evals = {"heldout": test_split[:args.eval_size]}
+    for path in args.eval_files:
+        evals[Path(path).stem] = read_local(path, args.question_field or "question",
+                                            args.answer_field or "answer", args.bad_rows, counts)
+    for name in [name for name, records in evals.items() if not records]:
+        print(f"note: eval set '{name}' is empty: no accuracy is logged for it", file=sys.stderr)
+        del evals[name]  # the mean of no problems is NaN, which would land in the log
+    if len(train) < args.prompts_per_step:
+        held = f" ({held_out} more held out by --eval-size)" if held_out else ""
+        raise SystemExit(f"error: {len(train)} training problems{held} < --prompts-per-step "
+                         f"{args.prompts_per_step}: lower --prompts-per-step or --eval-size, or add problems")
+    return train, evals
+
+
+def format_prompt(question: str, tokenizer, args) -> str:
+    text = args.prompt_template.replace("{question}", question)  # not .format: \boxed{} has braces
+    use_chat = args.prompt_format == "chat" or (
+        args.prompt_format == "auto" and args.model != "toy" and tokenizer.chat_template)
+    if use_chat:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return text
+
+
+def drop_long_prompts(records: list[dict], tokenizer, args) -> tuple[list[dict], int]:
+    """(problems whose formatted prompt fits --max-prompt-length tokens, how many were dropped).
+    Skipped, not truncated: a question cut short is another question with the same reference answer."""
+    L = args.max_prompt_length
+    texts = [format_prompt(r["question"], tokenizer, args) for r in records]
+    # Past 32 characters a token (natural text averages ~4) a prompt cannot fit: drop it untokenised,
+    # since tokenising one 50 MB question alone takes gigabytes.
+    short = [i for i, t in enumerate(texts) if len(t) <= 32 * L]
+    lengths = tokenizer([texts[i] for i in short], add_special_tokens=False)["input_ids"] if short else []
+    kept = [records[i] for i, ids in zip(short, lengths) if len(ids) <= L]
+    return kept, len(records) - len(kept)
+
+
+def fit_prompt_length(train_set: list[dict], eval_sets: dict[str, list[dict]], tokenizer, args,
+                      counts: dict) -> list[dict]:
+    """Skip every problem past --max-prompt-length tokens, before any step can run out of memory:
+    the training records kept (eval_sets is changed in place; a set left empty is dropped, since
+    logging its accuracy would write NaN). counts['skipped_long_prompts'] gets how many were skipped."""
+    train_set, dropped = drop_long_prompts(train_set, tokenizer, args)
+    for name in list(eval_sets):
+        eval_sets[name], n = drop_long_prompts(eval_sets[name], tokenizer, args)
+        dropped += n
+        if not eval_sets[name]:
+            del eval_sets[name]  # no problems left: logging its accuracy would write NaN
+    if dropped:
+        counts["skipped_long_prompts"] = dropped
+        print(f"note: skipped {dropped} problems whose prompt is over --max-prompt-length "
+              f"{args.max_prompt_length} tokens", file=sys.stderr)
+    if len(train_set) < args.prompts_per_step:
+        raise SystemExit(f"error: {len(train_set)} training problems fit --max-prompt-length "
+                         f"{args.max_prompt_length} < --prompts-per-step {args.prompts_per_step}: raise "
+                         "--max-prompt-length or lower --prompts-per-step")
+    return train_set
