@@ -44,7 +44,7 @@ def last_error_line(capsys) -> str:
 def test_second_run_is_refused_naming_the_holder_and_kill_9_frees_the_dir(tmp_path, toy_model_dir):
     """A live run holds OUTPUT_DIR: a second gets one line naming its pid. Once the holder dies by
     kill -9 (no cleanup runs), the kernel has dropped the lock and the directory is usable again."""
-    # The holder takes the lock as train.RunLock does (flock, then its pid), without importing torch.
+    # The holder takes the lock as checkpoint.RunLock does (flock, then its pid), without importing torch.
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
          "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, f'{os.getpid()}\\n'.encode()); print('locked', flush=True); "
@@ -320,7 +320,7 @@ def test_long_prompts_are_skipped_and_counted_without_tokenising_them(tmp_path, 
     tokenizer_call = tokenizer.__call__
     records = [{"question": "12+34=", "answer": "46"}, {"question": "1" * 5_000_000, "answer": "1"},
                {"question": "1+" * 40 + "1=", "answer": "41"}]  # 83 characters: over 16 tokens
-    kept, dropped = train.drop_long_prompts(records, spy, args)
+    kept, dropped = data.drop_long_prompts(records, spy, args)
     assert kept == records[:1] and dropped == 2
     assert max(len(t) for t in seen) <= 32 * 16
 
