@@ -45,6 +45,8 @@ import torch
 import allocate
 import coba
 import grpo
+import plots
+import tracking
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, checkpoint_step, find_checkpoint, load_checkpoint,
                         prepare_run_dir, read_log, run_config, save_checkpoint, truncate_log)
@@ -81,7 +83,7 @@ FLAG_RANGES = {
     "vllm_gpu_memory_utilization": "(0, 1]", "vllm_importance_sampling_cap": "(0, inf)",
     "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
     "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
-    "save_every": "[1, inf)", "threads": "[1, inf)",
+    "save_every": "[1, inf)", "threads": "[1, inf)", "log_completions": "[0, inf)",
 }
 
 
@@ -204,6 +206,12 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 mixed precision: fp32 master weights, bf16 autocast for every forward (default: on GPU). "
                    "Pure bf16 weights would round AdamW's ~1e-6 updates away (bf16 keeps ~3 digits)")
     g.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    g.add_argument("--report-to", choices=tracking.REPORT_TO, default="none",
+                   help="also send the log to TensorBoard (OUTPUT_DIR/tensorboard; pip install tensorboard) or "
+                        "Weights & Biases (pip install wandb; offline unless WANDB_API_KEY or WANDB_MODE is set)")
+    g.add_argument("--log-completions", type=int, default=4, metavar="N",
+                   help="sample completions per step to OUTPUT_DIR/completions.jsonl (and the tracker): half "
+                        "from the largest B_i, half from the smallest; 0 = none")
     g.add_argument("--no-progress", action="store_true",
                    help="no progress bars (ours, the toy's warm-up, and transformers' load/save bars)")
 
@@ -451,10 +459,13 @@ class Run:
     amp: object  # () -> context manager: bf16 autocast for forward passes (--bf16), else a no-op
     counters: dict  # rollouts and seconds so far (saved in checkpoints)
     log: object = None
+    reporter: tracking.Tracker | None = None  # --report-to and --log-completions (tracking.py)
 
     def write(self, record: dict) -> None:
         self.log.write(json.dumps(record) + "\n")
         self.log.flush()  # a crash loses at most the line being written
+        if self.reporter is not None:
+            self.reporter.log(record)
 
 
 @dataclass
@@ -518,6 +529,7 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     if start == 0:
         log_path.write_text("")
     run.log = log_path.open("a")
+    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args))
     if start == 0:
         run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
                    "device": str(device), "train_size": len(train_set), **data_counts})
@@ -642,6 +654,9 @@ def rl_step(run: Run, step: int) -> dict:
     run.counters["rollouts"] += len(completion_ids)
     run.counters["seconds"] += time.time() - t0
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
+    if run.reporter is not None and args.log_completions:  # a few rows to completions.jsonl (tracking.py)
+        run.reporter.log_completions(tracking.completion_rows(step + 1, prompt_idx, prompts, roll.answers_m,
+            completion_ids, reward_list, budgets, alloc.pass_rates, run.tokenizer, args.log_completions))
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
@@ -723,6 +738,8 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                "heldout_acc_start": (evals or [final])[0].get("heldout_acc"), "heldout_acc_end": final.get("heldout_acc")}
     run.write(summary)
     run.log.close()
+    run.reporter.close()
+    plots.plot_run_safely(out)  # OUTPUT_DIR/plots/*.png (plots.py; also `python plots.py OUTPUT_DIR`)
     return summary
 
 
