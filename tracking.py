@@ -53,7 +53,8 @@ TRL_NAMES = {
     "lr": "train/learning_rate",
     "loss": "train/loss",
     "entropy": "train/entropy",
-    "num_tokens": "train/num_tokens",
+    # not TRL's num_tokens (cumulative, prompts included): this step's completion tokens, renamed
+    "num_tokens": "train/step_num_tokens",
     # CoBA-RL's capability signal and allocation (paper §2.3-2.4)
     "F_t": "train/coba/F_t", "F_bar": "train/coba/F_bar", "alpha_t": "train/coba/alpha_t",
     "beta_t": "train/coba/beta_t", "tau": "train/coba/tau", "seen": "train/coba/seen",
