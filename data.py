@@ -2,13 +2,15 @@
 
 The paper trains on MATH-style problems with a verifiable final answer (§3, App. C): a prompt is a
 question, a reward is 1 when the completion's final answer matches the reference (verify.py).
-This file reads them from the toy generator (toy.py), a hub dataset (aliases below) or a local
-.jsonl/.json/.parquet file; checks every row (a row without a usable question or answer is skipped
-and counted, or with --bad-rows error stops the run at its file:line); keeps only the final answer
-of a GSM8K/MATH solution; formats prompts (template, chat template); and skips problems whose
-prompt is over --max-prompt-length tokens. It keeps file formats and their errors out of train.py,
+This file reads them from the toy generator (toy.py), a hub dataset (aliases below), one of the
+paper's Table 1 benchmarks by name (BENCHMARKS, for --eval-datasets) or a local .jsonl/.json/.parquet
+file; checks every row (a row without a usable question or answer is skipped and counted, or with
+--bad-rows error stops the run at its file:line); keeps only the final answer of a GSM8K/MATH
+solution (and normalises the benchmarks' answers); formats prompts (template, chat template); and
+skips problems whose prompt is over --max-prompt-length tokens. It keeps file formats and their errors out of train.py,
 whose loop only sees records. No model, no torch.
-Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits).
+Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits),
+tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
 """
 from __future__ import annotations
 
