@@ -346,7 +346,7 @@ def test_empty_eval_sets_write_no_nan(tmp_path, toy_model_dir):
     summary = train.main(SMALL + ["--steps", "1", "--eval-size", "0", "--eval-files", str(empty),
                                   "--output-dir", str(tmp_path / "run")])
     evals = [r for r in read_log(tmp_path / "run") if r["type"] == "eval"]  # read_log fails on NaN
-    assert [sorted(r) for r in evals] == [["rollouts", "step", "type"]] * 2
+    assert [sorted(r) for r in evals] == [["eval_seconds", "rollouts", "step", "type"]] * 2
     assert summary["heldout_acc_start"] is None and summary["heldout_acc_end"] is None
 
 
