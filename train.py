@@ -42,6 +42,7 @@ import torch
 import allocate
 import coba
 import grpo
+import toy
 import verify
 from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
 
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
-    preset = PRESETS["toy" if args.model == "toy" else "hub"]
+    preset = PRESETS["toy" if args.model in toy.TOY_MODELS else "hub"]
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -240,7 +241,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     if args.total_budget is None:
         args.total_budget = M * G
     if args.max_budget is None:
-        args.max_budget = 128 if args.model != "toy" else 4 * G
+        args.max_budget = 128 if args.model not in toy.TOY_MODELS else 4 * G
     try:
         allocate.check_feasible(M, args.total_budget, args.min_budget, args.max_budget)
         args.schedule_obj = coba.parse_schedule(args.schedule)
@@ -275,10 +276,8 @@ def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {}
-    if args.model == "toy":
-        import toy
-
-        path = str(toy.ensure_toy_model(seed=0, progress=not args.no_progress))
+    if args.model in toy.TOY_MODELS:
+        path = str(toy.ensure_toy_model(args.model))
     elif args.model == "smollm2-135m":
         gguf = smollm2_gguf()
         path, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
@@ -485,7 +484,7 @@ def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, l
 def format_prompt(question: str, tokenizer, args) -> str:
     text = args.prompt_template.replace("{question}", question)  # not .format: \boxed{} has braces
     use_chat = args.prompt_format == "chat" or (
-        args.prompt_format == "auto" and args.model != "toy" and tokenizer.chat_template)
+        args.prompt_format == "auto" and args.model not in toy.TOY_MODELS and tokenizer.chat_template)
     if use_chat:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
