@@ -1,8 +1,8 @@
-"""The offline default of coba-rl: a graded arithmetic task and a tiny Qwen2 that half-solves it.
+"""The offline default of coba-rl: a graded arithmetic task and tiny Qwen2s that half-solve it.
 
 CoBA-RL (arXiv 2602.03048) allocates rollouts by each prompt's pass rate, so the task it is shown
 on must have pass rates spread over [0, 1]. Real math data and a real LLM need a GPU and a model
-hub; this file makes the same shape of problem on a laptop CPU in about two minutes:
+hub; this file makes the same shape of problem on a laptop CPU:
 
 1. A graded, verifiable task (8 levels, from `3+4=` to `47*6=`): difficulty grows with the number
    of operands, digits and the operator, so one model sees easy, medium and hopeless prompts at
@@ -10,15 +10,35 @@ hub; this file makes the same shape of problem on a laptop CPU in about two minu
 2. A tiny Qwen2-architecture causal LM (~0.8M parameters, the sizes that worked in
    ../shared/calibration.md) and a 17-symbol character tokenizer built with `tokenizers`, saved
    with `save_pretrained` so train.py loads it through the same `from_pretrained` path as a hub model.
-3. A short supervised warm-up on problems disjoint from the held-out split, so RL starts from
-   non-zero, uneven pass rates (GRPO learns nothing from groups that never succeed). The warmed-up
-   model is cached under .cache/ and built once.
+3. A supervised warm-up on problems disjoint from the held-out split, so RL starts from non-zero,
+   uneven pass rates (GRPO learns nothing from groups that never succeed).
+4. The lab is shipped, not built (issue 19): the same seeded warm-up gives different weights on
+   different processors (calibration.md: start greedy .211 / .336 / .340), so the warmed-up models
+   are committed under lab/ with a toy.json of how they were built, pinned by SHA256, and their
+   start accuracies are in START. `ensure_toy_model(name)` returns the committed directory;
+   `python toy.py --rebuild NAME [--out DIR]` reruns a recipe and prints the new build's hash
+   (the same on the machine that built it, a different one elsewhere).
 
-Departures/choices (all ours): the level list, pool sizes and warm-up length come from
-calibration.md (900 steps gave mean pass rate ~.35; 600 too weak, 1200 too strong).
+The two models (`--model NAME` of train.py; held-out = make_splits(0)[1], 256 problems):
+  toy         lab/toy-w900: 900 steps, constant lr 3e-3 (calibration.md: 600 too weak, 1200 too
+              strong). The default: its held-out avg@8 rises most clearly under RL (.254 -> .321
+              over the default run on calibration's .340 machine; this is that model).
+  toy-strong  lab/toy-strong: 2,000 steps, lr 3e-3 cosine-decayed to 3e-4 (a constant 3e-3 is noisy
+              late), then 1,000 steps with a fresh AdamW, lr 1e-3 cosine to 3e-5, levels weighted
+              1,1,1,1,2,2,4,4 (more of the hard 3d+2d and 2d*1d, where pass rates are lowest). Start
+              greedy .613, avg@8 .542, pass@8 .801. Its training pass rate at T 1.0 is near 1/2, so
+              F_bar (window 1) falls below 0.5 in an ordinary run and eq. 6's sigmoid branch runs:
+              100 default steps (M 32, G 8, lr 2e-4, window 1) had F_bar < .5 (and alpha_t < beta_t)
+              in 24 (coba; 23) and 35 (uniform) of 100 steps, from step 1; F_t means by tens
+              .50-.60. Caveat: held-out greedy fell .613 -> .402 (coba) / .477 (uniform) in those
+              runs: lr 2e-4 is too high for this sharper model; use it to exercise eq. 6, not to
+              show learning.
+              Tried first (not shipped): 2,000 cosine steps alone (greedy .535; F_t ~.62, F_bar < .5
+              in 5-6 of 100 steps), + 500 steps lr 1e-3 -> 1e-4, levels 1,1,1,1,2,2,3,3 (greedy
+              .613; F_bar < .5 in 7 (coba) and 18 (uniform) of 100 steps).
 
-Run `python toy.py` to build the model and print its starting pass rates. Tested by
-tests/test_train.py (the trainer runs on this model) and tests/test_toy.py.
+Run `python toy.py` to list the models, `python toy.py --rebuild toy` to rebuild one. Tested by
+tests/test_toy.py (hash, recipe, start accuracies) and tests/test_train.py (the trainer runs on it).
 """
 from __future__ import annotations
 
@@ -225,18 +245,26 @@ RECIPES = {
     # The default: the calibration.md warm-up, the one whose held-out avg@8 rises most clearly.
     "toy": dict(dir="toy-w900", seed=0, warmup_steps=900, lr=3e-3, lr_schedule="constant", final_lr=0.0,
                 level_weights=None),
+    # F_bar falls below 0.5 in an ordinary run, so eq. 6's sigmoid branch runs (alpha_t < beta_t).
+    # `then`: a second warm-up phase (fresh AdamW, problem stream seed + 1) run after the first.
+    "toy-strong": dict(dir="toy-strong", seed=0, warmup_steps=2000, lr=3e-3, lr_schedule="cosine", final_lr=3e-4,
+                       level_weights=None,
+                       then=dict(steps=1000, lr=1e-3, lr_schedule="cosine", final_lr=3e-5,
+                                 level_weights=[1, 1, 1, 1, 2, 2, 4, 4])),
 }
 TOY_MODELS = tuple(RECIPES)  # the --model names train.py treats as the toy
 
 # SHA-256 of each committed model.safetensors (tests/test_toy.py checks the files against it).
 SHA256 = {
     "toy": "8e458e3a28fcee682f8f904d45aee797fc6566e06636bcd5289822f463638caa",
+    "toy-strong": "b8704ffb97abc6b672c6d085c5db246d5069889d374f7b079aeecebc37c369a5",
 }
 
 # Start accuracies on the default held-out set (make_splits(0)[1], 256 problems) measured with
 # train.evaluate: greedy, and 8 samples at T 1.0, top-p 0.9, seed 0 (avg@8, pass@8).
 START = {
     "toy": {"acc": 87 / 256, "avg@8": 521 / 2048, "pass@8": 143 / 256},  # .340, .254, .559
+    "toy-strong": {"acc": 157 / 256, "avg@8": 1110 / 2048, "pass@8": 205 / 256},  # .613, .542, .801
 }
 
 
@@ -295,6 +323,11 @@ def build_toy_model(name: str, out: Path | None = None, progress: bool = True) -
     warmup(model, tokenizer, exclude={p["question"] for p in test}, steps=r["warmup_steps"], seed=r["seed"],
            lr=r["lr"], lr_schedule=r["lr_schedule"], final_lr=r["final_lr"], level_weights=r["level_weights"],
            progress=progress)
+    if r.get("then"):  # a second phase: fresh AdamW, its own problem stream (seed + 1)
+        t = r["then"]
+        warmup(model, tokenizer, exclude={p["question"] for p in test}, steps=t["steps"], seed=r["seed"] + 1,
+               lr=t["lr"], lr_schedule=t["lr_schedule"], final_lr=t["final_lr"], level_weights=t["level_weights"],
+               progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
     model.save_pretrained(tmp)
