@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path
 
+import toy
 import verify
 
 # name -> (hub path, config name, question field, answer field, train split, test split)
@@ -262,8 +263,6 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
     rng = random.Random(args.seed)
     held_out = 0
     if args.dataset == "toy":
-        import toy
-
         # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
         train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
         evals = {"heldout": test}
@@ -317,7 +316,7 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
 def format_prompt(question: str, tokenizer, args) -> str:
     text = args.prompt_template.replace("{question}", question)  # not .format: \boxed{} has braces
     use_chat = args.prompt_format == "chat" or (
-        args.prompt_format == "auto" and args.model != "toy" and tokenizer.chat_template)
+        args.prompt_format == "auto" and args.model not in toy.TOY_MODELS and tokenizer.chat_template)
     if use_chat:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)

@@ -45,6 +45,7 @@ import torch
 import allocate
 import coba
 import grpo
+import toy
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, checkpoint_step, find_checkpoint, load_checkpoint,
                         prepare_run_dir, read_log, run_config, save_checkpoint, truncate_log)
@@ -113,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with CoBA-RL budget allocation (arXiv 2602.03048). With no arguments: "
                     "the offline toy on CPU.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = ap.add_argument_group("model and data")
-    g.add_argument("--model", default="toy", help="'toy' (offline, built by toy.py), an alias ("
+    g.add_argument("--model", default="toy", help="'toy' or 'toy-strong' (offline models committed under lab/, see toy.py), an alias ("
                    + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
     g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
                    + "), a hub dataset name, or a local .jsonl/.json/.parquet file")
@@ -229,7 +230,8 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
 
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
-    preset = PRESETS["toy" if args.model == "toy" or saved_run_model(args.model) == "toy" else "hub"]
+    preset = PRESETS["toy" if args.model in toy.TOY_MODELS or saved_run_model(args.model) in toy.TOY_MODELS
+                     else "hub"]
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -258,7 +260,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     if args.total_budget is None:
         args.total_budget = M * G
     if args.max_budget is None:
-        args.max_budget = 128 if args.model != "toy" else 4 * G
+        args.max_budget = 128 if args.model not in toy.TOY_MODELS else 4 * G
     try:
         allocate.check_feasible(M, args.total_budget, args.min_budget, args.max_budget)
         args.schedule_obj = coba.parse_schedule(args.schedule)
