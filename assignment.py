@@ -12,6 +12,7 @@ paper (CoBA-RL, arXiv 2602.03048) and one training step of train.py:
 
 Commands:
     python assignment.py build [--out handout]      student version of the project + ASSIGNMENT.md
+                                                    (replaces an earlier handout only if unchanged)
     python assignment.py grade [DIR] [--json PATH]  score table + Gradescope results JSON
     python assignment.py check                      the isolation check (what the CI test runs)
 
@@ -26,6 +27,14 @@ How it works, and why:
     tests/test_assignment.py (it needs the solution).
   - `grade` runs each part's tests in its own pytest subprocess with a timeout: a student function
     that hangs or kills the interpreter costs that part only. Score = points x passed / run.
+  - A submission reaches only its own part (issue 25): each part runs in a fresh folder holding the
+    project's files and pristine tests (from the grader's project, never from the submitted folder,
+    which is only read) plus the four submitted files; the tests are read-only and fingerprinted
+    (inode, ctime, sha256), and a part whose tests changed scores 0. Output is streamed through a
+    pipe (the last 256 KB kept, the part stopped beyond 16 MB), every file is capped by RLIMIT_FSIZE
+    (256 MB: pytest's capture file, where a print loop goes, included) and the folder at 1 GB.
+    Not a sandbox: the tests run in the submission's process, so a determined one could still forge
+    pytest's report; run the grader in a container per submission (Gradescope does).
   - Each part is graded by tests that call only that part's functions. Many other tests call an
     exercise indirectly (allocate_budgets -> capability_value, reward -> extract_answer), so they
     are not graded: with another part still a stub they would fail for the wrong reason. `check`
@@ -41,9 +50,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import re
+import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -350,27 +362,67 @@ def _handout_readme(text: str) -> str:
     return text[:m.start()] + "## Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n\n" + text[m.end():]
 
 
+MANIFEST = ".handout.json"  # file -> sha256 of what build wrote: a rebuild replaces only that
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _handout_changes(out: Path) -> list[str]:
+    """Files of an earlier handout in `out` that build did not write as they are: changed or new
+    (a student's work, answers, notes). Caches and the grader's own gradescope.json do not count."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return [f"{MANIFEST} (missing: built by an older assignment.py)"]
+    changes = []
+    for p in sorted(out.rglob("*")):
+        rel = str(p.relative_to(out))
+        if not p.is_file() or rel in (MANIFEST, "gradescope.json") or {"__pycache__", ".pytest_cache"} & set(p.parts):
+            continue
+        if rel not in manifest:
+            changes.append(f"{rel} (new)")
+        elif manifest[rel] != _sha(p):
+            changes.append(f"{rel} (changed)")
+    return changes
+
+
 def build(out: Path, repo: Path = REPO) -> dict:
     """Write the student version of `repo` into `out`; returns the solution texts of the exercise
-    files (file -> source) as read for this build."""
+    files (file -> source) as read for this build. An earlier handout in `out` is replaced only if
+    nothing in it changed since it was built (MANIFEST): a rebuild never deletes a student's work.
+    The new handout is written beside it and renamed into place, so a stop leaves one or the other."""
     out, repo = Path(out).resolve(), Path(repo).resolve()
     if out == repo or out in repo.parents:
         raise SystemExit(f"assignment: --out {out} would overwrite the project itself")
     if out.exists() and any(out.iterdir()):
         if not (out / "ASSIGNMENT.md").exists():
             raise SystemExit(f"assignment: {out} exists and is not a handout (no ASSIGNMENT.md): pick another --out")
-        shutil.rmtree(out)
+        changes = _handout_changes(out)
+        if changes:
+            raise SystemExit(f"assignment: {out} holds work since it was built ({', '.join(changes[:4])}"
+                             f"{f' and {len(changes) - 4} more' if len(changes) > 4 else ''}): pick another "
+                             "--out, or move it away first")
     check_table(repo)
     solution = {f: (repo / f).read_text() for f in EXERCISE_FILES}  # read once: stubs and handout agree
-    files = [f for f in project_files(repo) if not (repo / f).resolve().is_relative_to(out)]
+    new = out.with_name(f".{out.name}.building")
+    shutil.rmtree(new, ignore_errors=True)  # what a stopped build left
+    files = [f for f in project_files(repo) if not (repo / f).resolve().is_relative_to(out)
+             and not (repo / f).resolve().is_relative_to(new)]
     for f in files:
-        (out / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(repo / f, out / f)
-    write_exercise_files(out, solution, auto_parts())
-    if (out / "README.md").exists():
-        (out / "README.md").write_text(_handout_readme((out / "README.md").read_text()))
-    (out / "ASSIGNMENT.md").write_text(handout_text(solution, repo))
-    (out / "ANSWERS.md").write_text(answers_template())
+        (new / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / f, new / f)
+    write_exercise_files(new, solution, auto_parts())
+    if (new / "README.md").exists():
+        (new / "README.md").write_text(_handout_readme((new / "README.md").read_text()))
+    (new / "ASSIGNMENT.md").write_text(handout_text(solution, repo))
+    (new / "ANSWERS.md").write_text(answers_template())
+    written = sorted(str(p.relative_to(new)) for p in new.rglob("*") if p.is_file())
+    (new / MANIFEST).write_text(json.dumps({f: _sha(new / f) for f in written}, indent=0) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    new.rename(out)
     return solution
 
 
@@ -459,9 +511,11 @@ def handout_text(solution: dict, repo: Path = REPO) -> str:
 
         - Keep each function's signature and docstring: the docstring is the contract the tests check.
           Add helpers of your own if you like; use numpy / torch / the standard library only.
-        - Do not edit the tests. The grader runs them from a clean copy of this handout.
+        - Do not edit the tests. The grader runs each part in a fresh copy of the project with the original
+          tests and your four files; a part whose tests changed while it ran scores 0.
         - Each part's tests run in their own process with a time limit ({DEFAULT_TIMEOUT_S} s; the reference
-          takes at most ~10 s): an infinite loop costs that part only.
+          takes at most ~10 s) and size limits ({LIMITS.output_kill // 2 ** 20} MB of output, {LIMITS.file_size // 2 ** 20} MB
+          per file written, printed output included): an infinite loop costs that part only.
         - `python -m pytest -q` runs the project's whole suite, including end-to-end training tests that
           need all four parts; until then, run the per-part commands below.
         """).replace("__TABLE__\n", points_table() + "\n")]
@@ -530,8 +584,22 @@ def answered(text: str) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------
-# grade: one pytest subprocess per part, with a timeout
+# grade: one pytest subprocess per part, in a fresh copy with pristine tests, time and size capped
 # ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Limits:
+    """What one part's test run may use besides time (issue 25.13: a submission printing in a loop
+    grew the temp folder at ~320 MB/s). pytest captures the tests' output into a temporary file, so
+    the per-file cap is what bounds a print loop; the output cap bounds what reaches the grader."""
+    output_keep: int = 256 * 1024        # bytes of pytest's output kept for the report (the end)
+    output_kill: int = 16 * 1024 * 1024  # more output than this stops the part
+    file_size: int = 256 * 1024 * 1024   # RLIMIT_FSIZE: no file written may grow beyond this
+    disk: int = 1024 * 1024 * 1024       # the part's folder (its TMPDIR inside) may hold this much
+
+
+LIMITS = Limits()
+
+
 def _junit_results(xml_path: Path) -> list[tuple[str, str, str]]:
     """(test id, outcome in passed/failed/skipped, message) per test case of a JUnit XML report."""
     results = []
@@ -549,68 +617,191 @@ def _junit_results(xml_path: Path) -> list[tuple[str, str, str]]:
     return results
 
 
-def run_part(root: Path, part: Part, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
-    """Run one part's tests in `root` in a fresh interpreter; returns passed/run counts and a report.
+def stage_part(work: Path, root: Path, tests_from: Path = REPO) -> dict:
+    """Lay out one part's grading folder: every project file of `tests_from` (the tests above all,
+    fresh for each part: the submission can neither change the copy it is graded by nor break the
+    handout for the next one), then the submission's exercise files from `root`. The test files are
+    made read-only; returns their fingerprints (inode, ctime, sha256), checked after the run: a write,
+    a chmod, a delete or a replace changes one, and no user can set ctime back."""
+    missing = [f for f in EXERCISE_FILES if not (root / f).is_file()]
+    if missing:
+        raise SystemExit(f"assignment: {root} has no {', '.join(missing)}: grade a folder holding the "
+                         f"submitted {', '.join(EXERCISE_FILES)}")
+    for f in project_files(tests_from):
+        if f not in EXERCISE_FILES and not f.startswith(("handout/", "gradescope.json")):
+            (work / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tests_from / f, work / f)
+    for f in EXERCISE_FILES:
+        shutil.copy2(root / f, work / f)
+    (work / ".tmp").mkdir()
+    tests = sorted(p for p in (work / "tests").rglob("*") if p.is_file())
+    for p in tests:
+        p.chmod(0o444)
+    for d in [work / "tests", *(p for p in (work / "tests").rglob("*") if p.is_dir())]:
+        d.chmod(0o555)
+    return _fingerprints(work, tests)
 
-    The subprocess gets its own session so that a timeout kills whatever it started too. Bytecode
+
+def _fingerprints(work: Path, files) -> dict:
+    out = {}
+    for p in files:
+        try:
+            st = p.stat()
+            out[str(p.relative_to(work))] = (st.st_ino, st.st_ctime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        except OSError:
+            out[str(p.relative_to(work))] = None
+    return out
+
+
+def _unprotect(work: Path) -> None:
+    """Undo stage_part's read-only bits so the folder can be deleted."""
+    for d in [work, *(p for p in work.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        try:
+            d.chmod(0o755)
+        except OSError:
+            pass
+
+
+def _limit_files(size: int):
+    """preexec_fn: the child (pytest and all it starts) can write no file beyond `size` bytes."""
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return apply
+
+
+def _folder_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _run_capped(cmd, cwd: Path, env: dict, timeout: float, limits: Limits) -> dict:
+    """Run `cmd` in its own session; stream its output through a pipe, keeping the last
+    limits.output_keep bytes; stop it (the whole session) on timeout, on more output than
+    limits.output_kill, or when its folder grows beyond limits.disk. Returns output and why it stopped."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_limit_files(limits.file_size))
+    fd, kept, total, stopped = proc.stdout.fileno(), bytearray(), 0, None
+    deadline, next_du = time.monotonic() + timeout, time.monotonic() + 1.0
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                stopped = "timeout"
+                break
+            if now >= next_du:
+                next_du = now + 1.0
+                if _folder_bytes(cwd) > limits.disk:
+                    stopped = "disk"
+                    break
+            ready, _, _ = select.select([fd], [], [], min(deadline - now, 0.5))
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:  # every writer closed: pytest ended
+                break
+            total += len(chunk)
+            kept += chunk
+            del kept[:-limits.output_keep]
+            if total > limits.output_kill:
+                stopped = "output"
+                break
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what it started, too (also after a normal end)
+        except ProcessLookupError:
+            pass
+        proc.stdout.close()
+        proc.wait()
+    return {"output": kept.decode(errors="replace"), "bytes": total, "stopped": stopped,
+            "returncode": proc.returncode}
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2 ** 20:g} MB"
+
+
+def run_part(root: Path, part: Part, timeout: float = DEFAULT_TIMEOUT_S, limits: Limits = LIMITS,
+             tests_from: Path = REPO) -> dict:
+    """Run one part's tests on the submission in `root` in a fresh interpreter, in a fresh folder
+    (stage_part: pristine tests from `tests_from`); returns passed/run counts and a report.
+
+    The subprocess gets its own session so that stopping it stops whatever it started too. Bytecode
     caching is off: a stub and its solution written into the same file within a second would
     otherwise share a stale .pyc (the check writes both)."""
-    root = Path(root).resolve()
+    root, tests_from = Path(root).resolve(), Path(tests_from).resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        xml_path = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-v", "--tb=line", "-p", "no:cacheprovider",
-               f"--rootdir={root}", f"--confcutdir={root}", f"--junitxml={xml_path}", *part.tests]
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        work, xml_path = Path(tmp) / "part", Path(tmp) / "report.xml"
+        work.mkdir()
         try:
-            output, timed_out = proc.communicate(timeout=timeout)[0], False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, timed_out = proc.communicate()[0], True
-        seconds = time.perf_counter() - t0
-        output = output.decode(errors="replace")
-        xml_path_existed = xml_path.exists()
-        results = _junit_results(xml_path) if xml_path_existed and not timed_out else []
+            before = stage_part(work, root, tests_from)
+            cmd = [sys.executable, "-m", "pytest", "-v", "--tb=line", "--show-capture=no", "-p", "no:cacheprovider",
+                   f"--rootdir={work}", f"--confcutdir={work}", f"--junitxml={xml_path}", *part.tests]
+            env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                   "TMPDIR": str(work / ".tmp"), "PWD": str(work)}
+            t0 = time.perf_counter()
+            ran = _run_capped(cmd, work, env, timeout, limits)
+            seconds = time.perf_counter() - t0
+            after = _fingerprints(work, [work / f for f in before])
+            changed = sorted(f for f in before if after[f] != before[f])
+            xml_path_existed = xml_path.exists()
+            results = _junit_results(xml_path) if xml_path_existed and not ran["stopped"] and not changed else []
+        finally:
+            _unprotect(work)
+    output = ran["output"]
     passed = sum(outcome == "passed" for _, outcome, _ in results)
-    if timed_out:
+    if changed:
+        report = (f"the submission changed the grading tests ({', '.join(changed[:3])}): 0 points for this part. "
+                  "Do not touch the tests: the grader runs a fresh copy of them")
+    elif ran["stopped"] == "timeout":
         running = [l for l in output.splitlines() if "::" in l]
         report = (f"timed out after {timeout:.0f} s: 0 points for this part. Last test started: "
                   f"{running[-1].split()[0] if running else '(none)'}")
+    elif ran["stopped"] == "output":
+        report = (f"stopped: printed more than {_mb(limits.output_kill)} of output: 0 points for this part. "
+                  "The end of it:\n" + "\n".join(output.splitlines()[-5:])[-1000:])
+    elif ran["stopped"] == "disk":
+        report = f"stopped: wrote more than {_mb(limits.disk)} of files: 0 points for this part"
     elif not results:  # killed (os._exit, a segfault) before its report, or no test collected
         what = "ran no test" if xml_path_existed else "stopped without a report"
-        report = (f"pytest {what} (exit code {proc.returncode}): 0 points for this part.\n"
+        report = (f"pytest {what} (exit code {ran['returncode']}): 0 points for this part.\n"
                   + "\n".join(output.splitlines()[-15:]))
     else:
         failed = [f"FAILED {name}: {msg.splitlines()[0][:200] if msg else ''}"
                   for name, outcome, msg in results if outcome != "passed"]
         more = [f"... and {len(failed) - 10} more"] if len(failed) > 10 else []
-        report = "\n".join([f"{passed}/{len(results)} tests passed", *failed[:10], *more])
-    return {"part": part.number, "passed": passed, "run": len(results), "timed_out": timed_out,
+        big = [f"(files are capped at {_mb(limits.file_size)} each, captured output included)"] \
+            if any("File too large" in msg for _, _, msg in results) else []
+        report = "\n".join([f"{passed}/{len(results)} tests passed", *failed[:10], *more, *big])
+    return {"part": part.number, "passed": passed, "run": len(results), "timed_out": ran["stopped"] == "timeout",
+            "stopped": ran["stopped"] or ("tests changed" if changed else None),
             "seconds": round(seconds, 1), "report": report}
 
 
-def grade(root: Path, parts=None, timeout=DEFAULT_TIMEOUT_S, quiet: bool = False) -> list[dict]:
-    """Score each auto-graded part of `root` (all, or the numbers in `parts`); returns one dict per
-    part (score, max_score, report). timeout: seconds per part, or {part number: seconds} with
-    DEFAULT_TIMEOUT_S for the parts it does not name."""
+def grade(root: Path, parts=None, timeout=DEFAULT_TIMEOUT_S, quiet: bool = False, limits: Limits = LIMITS,
+          tests_from: Path = REPO) -> list[dict]:
+    """Score each auto-graded part of the submission in `root` (all, or the numbers in `parts`);
+    returns one dict per part (score, max_score, report). timeout: seconds per part, or {part number:
+    seconds} with DEFAULT_TIMEOUT_S for the parts it does not name. Each part runs on a fresh copy
+    of `tests_from`'s project (tests included) with `root`'s exercise files: `root` is only read."""
     root = Path(root).resolve()
-    if not (root / "tests").is_dir():
-        raise SystemExit(f"assignment: {root} has no tests/ folder: grade a whole handout "
-                         f"(copy the submitted {', '.join(EXERCISE_FILES)} into a clean one)")
     chosen = [p for p in auto_parts() if parts is None or p.number in parts]
     rows = []
     for part in chosen:
         seconds = timeout.get(part.number, DEFAULT_TIMEOUT_S) if isinstance(timeout, dict) else timeout
-        r = run_part(root, part, seconds)
+        r = run_part(root, part, seconds, limits, tests_from)
         r.update(title=part.title, max_score=part.points,
                  score=round(part.points * r["passed"] / r["run"], 2) if r["run"] else 0.0)
         rows.append(r)
         if not quiet:
             print(f"  Part {part.number} {part.title}: {r['score']:g} / {part.points}  "
-                  f"({r['passed']}/{r['run']} tests, {r['seconds']:.0f} s{', TIMED OUT' if r['timed_out'] else ''})",
-                  flush=True)
+                  f"({r['passed']}/{r['run']} tests, {r['seconds']:.0f} s"
+                  f"{', ' + r['stopped'].upper() if r['stopped'] else ''})", flush=True)
     return rows
 
 
@@ -688,7 +879,7 @@ def check(repo: Path = REPO, quiet: bool = False) -> list[str]:
                 # those files was graded already if the key is known, with the same outcome.
                 key = (j, tuple(written[f] for f in sees[j]))
                 if key not in results:
-                    results[key], runs = grade(root, parts={j}, quiet=quiet)[0], runs + 1
+                    results[key], runs = grade(root, parts={j}, quiet=quiet, tests_from=repo)[0], runs + 1
                 elif not quiet:
                     print(f"  Part {j}: same files as an earlier configuration ({', '.join(sees[j])})")
                 rows.append(results[key])
@@ -736,7 +927,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Course assignment mode: build the student handout, grade it.")
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="write the student version of the project and ASSIGNMENT.md")
-    b.add_argument("--out", default="handout", help="output folder (replaced if it is an earlier handout)")
+    b.add_argument("--out", default="handout", help="output folder (replaces an earlier handout only if nothing in it changed)")
     g = sub.add_parser("grade", help="run each part's tests, print the score table, write Gradescope JSON")
     g.add_argument("dir", nargs="?", default=".", help="the handout (or submission) to grade")
     g.add_argument("--part", type=int, action="append", help="grade only this part (repeatable)")
@@ -760,7 +951,9 @@ def main(argv=None) -> int:
         rows = grade(root, parts=set(args.part) if args.part else None, timeout=args.timeout)
         json_path = Path(args.json) if args.json else root / "gradescope.json"
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(gradescope_json(rows, root, time.perf_counter() - t0), indent=2) + "\n")
+        tmp = json_path.with_name(f".{json_path.name}.tmp{os.getpid()}")  # whole or not at all
+        tmp.write_text(json.dumps(gradescope_json(rows, root, time.perf_counter() - t0), indent=2) + "\n")
+        os.replace(tmp, json_path)
         print("\n" + score_table(rows, root) + f"\nwrote {json_path}")
         return 0
     t0 = time.perf_counter()

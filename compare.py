@@ -17,9 +17,15 @@ Design (issue 12), so that a difference, if there is one, can be seen:
   every arm the same initial model, the same prompt order and the same held-out set, so arm -
   uniform is compared seed by seed (paired t, 95% CI) and the seed-to-seed noise cancels. The
   table also states the smallest difference the design could detect (80% power, alpha = .05).
-- Resumable: each run lives in OUT/runs/<arm>-seed<s>; a finished run is skipped, an interrupted
-  one continues with train.py --resume. Per-run summaries are appended to PRESET/runs.jsonl as
-  they finish, so partial results survive a stop and can be committed.
+- Resumable: each run lives in OUT/runs/<arm>-seed<s> (its output in train.out); a finished run is
+  reused only if its recorded train.py flags are the ones this sweep gives it (else a one-line
+  error: another --out, or --redo-mismatched), an interrupted one continues with train.py --resume.
+  Ctrl-C or SIGTERM starts no more runs and passes SIGINT to the running ones (they checkpoint and
+  exit); a failed run is reported at once with its output's tail and stops the queue the same way.
+  Per-run summaries go to PRESET/runs.jsonl as runs finish, so partial results survive a stop.
+- Results files are replaced whole (temp file + rename) and never by fewer runs than they hold:
+  runs.jsonl only gains or updates runs; a table that would drop runs is refused. runs.jsonl is
+  enough to redo the table and plots (`--plots-only`, e.g. on a fresh checkout without runs/).
 
 Metrics (calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is
 noisy, so there are three): final held-out greedy accuracy; AUC (average accuracy over training:
@@ -33,10 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +66,9 @@ ARMS = {
     "coba:fixed(1.5,10.5)": ["--allocator", "coba", "--schedule", "fixed:1.5,10.5"],
 }
 # The lab regime where allocation can matter (issue 12, item 1; README "Results" shows the pilot).
+# --eval-samples 0: its metric is greedy accuracy every 10 steps (avg@8 there would cost ~8x the eval).
 REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024",
-          "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25"]
+          "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25", "--eval-samples", "0"]
 PRESETS = {
     "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
                      seeds=[0, 1, 2, 3, 4], steps=100, eval_every=10),
@@ -87,6 +96,19 @@ def t_quantile(table: list[float], df: int, normal: float) -> float:
 # ----------------------------------------------------------------------------------------------
 # Runs: one train.py subprocess each (isolated RNG, one torch thread), resumable
 # ----------------------------------------------------------------------------------------------
+TRAIN = [sys.executable, str(REPO / "train.py")]  # the trainer (tests put a fake one here)
+# train.py flags a reused run may have had different from this sweep's: where and how it wrote, and
+# speed or memory knobs that leave the numbers alone. Stricter than train.RESUME_MAY_CHANGE: a reused
+# run must have had the same --steps and --eval-every, or its curve is another curve.
+MAY_DIFFER = ("output_dir", "resume", "overwrite", "no_progress", "save_every", "threads", "device",
+              "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
+              "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+# train.py flags compare.py sets itself (per arm, per seed, per run dir): not accepted as extra flags
+OWN_FLAGS = {"allocator": "--arms", "schedule": "--arms", "probe": "--arms", "seed": "--seeds",
+             "output_dir": "--out", "resume": "(automatic)", "overwrite": "--redo-mismatched",
+             "steps": "compare.py's --steps", "eval_every": "compare.py's --eval-every"}
+
+
 def run_dir_for(out: Path, arm: str, seed: int) -> Path:
     safe = arm.replace(":", "_").replace("(", "").replace(")", "").replace(",", "_")
     return out / "runs" / f"{safe}-seed{seed}"
@@ -94,6 +116,8 @@ def run_dir_for(out: Path, arm: str, seed: int) -> Path:
 
 def read_log(run_dir: Path) -> list[dict]:
     """The run's JSONL records (checkpoint.read_log: a torn last line of a killed run is dropped)."""
+    if not (run_dir / "log.jsonl").exists():
+        return []
     import checkpoint  # torch comes with it; only needed once runs exist
 
     return checkpoint.read_log(run_dir / "log.jsonl")
@@ -103,19 +127,219 @@ def is_finished(run_dir: Path) -> bool:
     return any(r.get("type") == "summary" for r in read_log(run_dir))
 
 
-def run_one(arm: str, seed: int, out: Path, extra: list[str]) -> Path:
-    """One training run; skipped if finished, continued with --resume if it has a checkpoint."""
+def train_argv(arm: str, seed: int, extra: list[str]) -> list[str]:
+    """The train.py flags that define run (arm, seed) of this sweep (not where it writes)."""
+    return [*ARMS[arm], "--seed", str(seed), *extra]
+
+
+def expected_config(flags: list[str]) -> dict:
+    """train.py's run_config for these flags, as its log and checkpoints record it (JSON round trip).
+    A bad flag is train.py's one-line argparse error, here, before any run starts."""
+    import train
+
+    ap = train.build_parser()
+    ap.prog = "compare.py (a flag passed on to train.py)"
+    return json.loads(json.dumps(train.run_config(train.resolve_args(ap.parse_args(flags), ap))))
+
+
+def recorded_config(run_dir: Path) -> dict | None:
+    """The flags a run was made with: its newest checkpoint's run_config.json, else (finished runs)
+    its log's config line. None when there is nothing to continue: the run starts from scratch."""
+    import train
+
+    ckpt = train.find_checkpoint(run_dir) if run_dir.is_dir() else None
+    if ckpt is not None and (ckpt / "run_config.json").exists():
+        return json.loads((ckpt / "run_config.json").read_text())
+    log = read_log(run_dir)
+    if any(r.get("type") == "summary" for r in log):
+        return next((r for r in log if r.get("type") == "config"), None)
+    return None
+
+
+def config_diffs(recorded: dict, expected: dict, defaults: dict) -> list[str]:
+    """`--flag old -> new` for each flag (bar MAY_DIFFER) a run was made with differently. A flag
+    the record lacks (an older train.py) counts as its default."""
+    diffs = []
+    for key in sorted(expected):
+        if key in MAY_DIFFER:
+            continue
+        old = recorded.get(key, defaults.get(key))
+        if old != expected[key]:
+            diffs.append(f"--{key.replace('_', '-')} {old} -> {expected[key]}")
+    return diffs
+
+
+def user_train_flags(flags: list[str]) -> set:
+    """The train.py options named in `flags` (abbreviations resolved by train.py's own parser)."""
+    import train
+
+    ap = train.build_parser()
+    for action in ap._actions:
+        action.default = argparse.SUPPRESS
+    ap.prog = "compare.py (a flag passed on to train.py)"
+    return set(vars(ap.parse_args(flags)))
+
+
+def mismatched_runs(jobs, out: Path, extra: list[str]) -> dict:
+    """(arm, seed) -> differing flags, for each run in OUT/runs (finished, or with a checkpoint to
+    continue) that was made with other train.py flags than this sweep would give it."""
+    found = {}
+    for arm, seed in jobs:
+        run_dir = run_dir_for(out, arm, seed)
+        if not run_dir.is_dir():
+            continue
+        recorded = recorded_config(run_dir)
+        if recorded is None:
+            continue
+        import train
+
+        defaults = json.loads(json.dumps(vars(train.build_parser().parse_args([]))))
+        diffs = config_diffs(recorded, expected_config(train_argv(arm, seed, extra)), defaults)
+        if diffs:
+            found[(arm, seed)] = diffs
+    return found
+
+
+def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> subprocess.Popen:
+    """Start train.py for one run in its own session (so a terminal's Ctrl-C reaches compare.py
+    only, which passes it on once). Output goes to RUN_DIR/train.out. An interrupted run continues
+    with --resume from its newest checkpoint; `fresh` (--redo-mismatched) starts it over."""
     run_dir = run_dir_for(out, arm, seed)
-    if is_finished(run_dir):
-        return run_dir
-    cmd = [sys.executable, str(REPO / "train.py"), *ARMS[arm], "--seed", str(seed),
-           "--output-dir", str(run_dir), "--no-progress", "--threads", "1", *extra]
-    if run_dir.exists():  # interrupted: continue from its newest complete checkpoint (none: from scratch)
-        cmd.append("--resume")
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    if proc.returncode != 0 or not is_finished(run_dir):
-        raise RuntimeError(f"run {arm} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [*TRAIN, *ARMS[arm], "--seed", str(seed), "--output-dir", str(run_dir), "--no-progress",
+           "--threads", "1", *extra]
+    has_run = (run_dir / "log.jsonl").exists() or any(run_dir.glob("checkpoint-*"))
+    if fresh and has_run:
+        cmd.append("--overwrite")  # train.py deletes that run's log and checkpoints, nothing else
+    elif has_run:
+        cmd.append("--resume")  # from its newest complete checkpoint (none: from scratch)
+    with (run_dir / "train.out").open("ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    text = path.read_text(errors="replace") if path.exists() else "(no output)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class Stopper:
+    """SIGINT (Ctrl-C) or SIGTERM while runs go: launch no more; pass SIGINT on to every running
+    train.py (its first SIGINT: finish the step, checkpoint, exit; a second: stop at once). A failed
+    run does the same. Handlers are installed only in the main thread (signal's rule)."""
+
+    def __init__(self):
+        self.running: dict = {}  # Popen -> (arm, seed)
+        self.signals, self.reason = 0, None
+
+    def __enter__(self):
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handler(self, signum, frame):
+        self.signals += 1
+        name = signal.Signals(signum).name
+        print(f"\n{name}: starting no more runs; asking the {len(self.running)} running to checkpoint and stop"
+              + (" (again: they stop at once)" if self.signals > 1 else " (again: stop them at once)"),
+              file=sys.stderr, flush=True)
+        self.stop(name)
+
+    def stop(self, reason: str):
+        self.reason = self.reason or reason
+        for proc in self.running:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def run_queue(todo: list, out: Path, extra: list[str], parallel: int, redo: set, on_finished) -> None:
+    """Run the (arm, seed) jobs, `parallel` at a time; on_finished(arm, seed) as each one finishes.
+    A failed run is reported at once with its output's tail, and stops the queue: no new run starts
+    and the running ones are asked to checkpoint and stop. Ctrl-C / SIGTERM likewise. Either way
+    this ends with SystemExit (non-zero) and how to resume; nothing a run wrote is lost."""
+    pending, failed, stopped = list(todo), [], []
+    with Stopper() as stopper:
+        while stopper.running or (pending and stopper.reason is None):
+            while pending and len(stopper.running) < parallel and stopper.reason is None:
+                arm, seed = pending.pop(0)
+                stopper.running[launch(arm, seed, out, extra, fresh=(arm, seed) in redo)] = (arm, seed)
+            time.sleep(0.05)
+            for proc, (arm, seed) in list(stopper.running.items()):
+                if proc.poll() is None:
+                    continue
+                del stopper.running[proc]
+                run_dir = run_dir_for(out, arm, seed)
+                if is_finished(run_dir):
+                    on_finished(arm, seed)
+                elif stopper.reason is not None:
+                    stopped.append((arm, seed))
+                else:
+                    failed.append((arm, seed, proc.returncode))
+                    print(f"\nrun {arm} seed {seed} failed (exit {proc.returncode}); the end of "
+                          f"{run_dir / 'train.out'}:\n{tail(run_dir / 'train.out')}\n", file=sys.stderr, flush=True)
+                    stopper.stop("failure")
+    left = f"{len(stopped)} stopped at their last checkpoint, {len(pending)} not started"
+    if failed:
+        arm, seed, code = failed[0]
+        print(f"error: run {arm} seed {seed} failed (exit {code}; output above and in "
+              f"{run_dir_for(out, arm, seed) / 'train.out'}); {left}: fix the cause and run the same "
+              "command again (finished runs are reused, stopped ones resume)", file=sys.stderr)
+        raise SystemExit(1)
+    if stopper.reason is not None:
+        print(f"interrupted ({stopper.reason}): {left}; run the same command again to resume "
+              "(finished runs are reused, stopped ones continue with --resume)", file=sys.stderr)
+        raise SystemExit(130)
+
+
+# ----------------------------------------------------------------------------------------------
+# Results files: written whole (temp file + rename), never replaced by fewer runs than they hold
+# ----------------------------------------------------------------------------------------------
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Replace `path` in one rename: a crash or Ctrl-C leaves the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(text.encode() if isinstance(text, str) else text)
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def load_store(table_dir: Path) -> dict:
+    """PRESET/runs.jsonl as (arm, seed) -> per-run summary."""
+    return {(r["arm"], r["seed"]): r for r in read_jsonl(table_dir / "runs.jsonl") if r.get("type") == "run"}
+
+
+def write_store(table_dir: Path, store: dict, first: list) -> None:
+    """Write runs.jsonl: the keys in `first` (this sweep's order), then every other run it held.
+    A run is only ever replaced by a newer summary of the same (arm, seed), never dropped."""
+    order = [k for k in first if k in store] + [k for k in store if k not in first]
+    if order:
+        write_atomic(table_dir / "runs.jsonl", "".join(json.dumps(store[k]) + "\n" for k in order))
+
+
+def table_coverage(table_dir: Path) -> set:
+    """The (arm, seed) runs the existing compare.jsonl (and so table.md and the plots) reports."""
+    return {(r["arm"], s) for r in read_jsonl(table_dir / "compare.jsonl") if r.get("type") == "summary"
+            for s in r.get("seeds", [])}
+
+
+def _pairs(keys) -> str:
+    keys = sorted(keys)
+    return ", ".join(f"{a} seed {s}" for a, s in keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,8 +600,10 @@ def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    os.replace(tmp, path)  # whole or not at all, like the other results files
     return path
 
 
@@ -392,22 +618,26 @@ def parse_args(argv):
                     help="which table: headline (allocators, probe) or ablation (schedules, fixed Beta)")
     ap.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="override the preset's arms")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override the preset's seeds (paired)")
-    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 100)")
-    ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation interval (steps)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 100; --quick: 6)")
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="held-out evaluation interval in steps (preset: 10; --quick: 3)")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each (2 cores: 2)")
     ap.add_argument("--out", default="results", help="runs/ go here; tables and plots in OUT/PRESET")
     ap.add_argument("--quick", action="store_true", help="tiny, for tests: 2 seeds, 6 steps, small pool")
-    ap.add_argument("--plots-only", action="store_true", help="redo tables and plots from finished runs")
+    ap.add_argument("--plots-only", action="store_true",
+                    help="redo tables and plots from finished runs (OUT/runs, else PRESET/runs.jsonl); train nothing")
+    ap.add_argument("--redo-mismatched", action="store_true",
+                    help="runs in OUT/runs made with other train.py flags than this sweep's are trained "
+                         "again from scratch (default: refuse)")
     args, train_flags = ap.parse_known_args(argv)
     preset = PRESETS[args.preset]
     args.arms = args.arms or list(preset["arms"])
-    args.seeds = args.seeds if args.seeds is not None else list(preset["seeds"])
-    args.steps = args.steps or preset["steps"]
-    args.eval_every = args.eval_every or preset["eval_every"]
-    if args.quick:
-        args.steps, args.eval_every = 6, 3
-        if "--seeds" not in (argv or sys.argv[1:]):
-            args.seeds = [0, 1]
+    args.seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else list(preset["seeds"]))
+    # explicit values always win (--steps 0 is an error below, never the preset's 100)
+    if args.steps is None:
+        args.steps = 6 if args.quick else preset["steps"]
+    if args.eval_every is None:
+        args.eval_every = 3 if args.quick else preset["eval_every"]
     # one-line errors (issue 16): nothing silently wrong
     if len(set(args.seeds)) != len(args.seeds):
         ap.error(f"--seeds has duplicates ({args.seeds}): each (arm, seed) is one run; pass distinct seeds")
@@ -415,61 +645,97 @@ def parse_args(argv):
         ap.error(f"--arms has duplicates ({args.arms})")
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1 (runs in parallel), got {args.jobs}")
-    if args.steps < 1 or args.eval_every < 1:
-        ap.error("--steps and --eval-every must be >= 1")
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1 (RL steps per run), got {args.steps}")
+    if args.eval_every < 1:
+        ap.error(f"--eval-every must be >= 1 (the curves need evaluations along training), got {args.eval_every}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         ap.error(f"--out {out} is a file: pass a directory")
+    if train_flags and not args.plots_only:
+        taken = sorted(user_train_flags(train_flags) & set(OWN_FLAGS))
+        if taken:
+            ap.error(f"{', '.join('--' + k.replace('_', '-') for k in taken)} would override what compare.py "
+                     f"sets for each run: use {', '.join(dict.fromkeys(OWN_FLAGS[k] for k in taken))} instead")
     args.table_dir = out / ("quick" if args.quick else args.preset)
     return args, train_flags
+
+
+def prepare_model(args) -> None:
+    """Build the toy model once here, not in two runs at a time."""
+    import toy
+
+    toy.ensure_toy_model()
 
 
 def main(argv: list[str] | None = None) -> dict:
     args, train_flags = parse_args(argv)
     out = Path(args.out)
-    args.table_dir.mkdir(parents=True, exist_ok=True)
     extra = [*(QUICK_FLAGS if args.quick else REGIME), "--steps", str(args.steps),
              "--eval-every", str(args.eval_every), *train_flags]
     jobs = [(a, s) for s in args.seeds for a in args.arms]
-    from tqdm.auto import tqdm
-
-    import toy
-
-    toy.ensure_toy_model()  # build once here, not in two runs at a time
+    table_dir = args.table_dir
+    store = load_store(table_dir)  # the per-run summaries already in PRESET/runs.jsonl
+    old_config = next(iter(read_jsonl(table_dir / "compare.jsonl")), {})
     t0 = time.time()
-    runs_path = args.table_dir / "runs.jsonl"
+    if args.plots_only:
+        # a run's own log if it is here, else its summary in runs.jsonl (committed; runs/ is not)
+        have = {k for k in jobs if is_finished(run_dir_for(out, *k))} | (set(jobs) & set(store))
+        if not have:
+            raise SystemExit(f"error: nothing to redraw: no finished run of {_pairs(jobs)} in {out / 'runs'} "
+                             f"or {table_dir / 'runs.jsonl'}: run the sweep first, or pass the --out/--preset "
+                             "that holds it")
+        reported = [k for k in jobs if k in have]
+    else:
+        reported = jobs
+    dropped = table_coverage(table_dir) - set(reported)
+    if dropped:
+        raise SystemExit(f"error: {table_dir}/compare.jsonl and table.md report runs this command would drop "
+                         f"({_pairs(dropped)}): pass the same --arms and --seeds, or another --out")
     if not args.plots_only:
-        bar = tqdm(total=len(jobs), desc=f"compare {args.preset} runs")
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_one, a, s, out, extra): (a, s) for a, s in jobs}
-            for fut in as_completed(futures):
-                fut.result()  # a failed run raises here, with its stderr
-                bar.update(1)
-        bar.close()
+        bad = mismatched_runs(jobs, out, extra)
+        if bad and not args.redo_mismatched:
+            flags = sorted({d for diffs in bad.values() for d in diffs})
+            raise SystemExit(f"error: {len(bad)} runs in {out / 'runs'} ({_pairs(bad)}) were made with other "
+                             f"train.py flags than this sweep gives them ({'; '.join(flags[:6])}): pass another "
+                             "--out, or --redo-mismatched to train them again from scratch")
+        todo = [k for k in jobs if k in bad or not is_finished(run_dir_for(out, *k))]
+        table_dir.mkdir(parents=True, exist_ok=True)
+
+        def on_finished(arm, seed):  # per-run summaries go to runs.jsonl as runs finish
+            store[(arm, seed)] = summarise_run(arm, seed, read_log(run_dir_for(out, arm, seed)))
+            write_store(table_dir, store, jobs)
+
+        if todo:
+            prepare_model(args)
+            print(f"compare {args.preset}: {len(jobs) - len(todo)} of {len(jobs)} runs finished already; "
+                  f"training {len(todo)}, {args.jobs} at a time (Ctrl-C: checkpoint and stop)", flush=True)
+            run_queue(todo, out, extra, args.jobs, set(bad), on_finished)
     wall = time.time() - t0
-    if args.plots_only and (args.table_dir / "compare.jsonl").exists():  # keep the runs' own wall time
-        wall = json.loads((args.table_dir / "compare.jsonl").read_text().splitlines()[0]).get("wall_seconds", 0.0)
+    if args.plots_only:  # keep the sweep's own wall time and flags: a redraw trains nothing
+        wall = old_config.get("wall_seconds", 0.0)
     runs = []
-    for a, s in jobs:
+    for a, s in reported:
         log = read_log(run_dir_for(out, a, s))
         if any(r.get("type") == "summary" for r in log):
-            runs.append(summarise_run(a, s, log))
-    with runs_path.open("w") as f:  # per-run summaries: small, committed, enough to redo the plots
-        for r in runs:
-            f.write(json.dumps(r) + "\n")
+            store[(a, s)] = summarise_run(a, s, log)
+        runs.append(store[(a, s)])
+    table_dir.mkdir(parents=True, exist_ok=True)
+    write_store(table_dir, store, jobs)
     summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
-    with (args.table_dir / "compare.jsonl").open("w") as f:
-        f.write(json.dumps({"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
-                            "train_flags": extra, "arms": {a: ARMS[a] for a in args.arms}, "seeds": args.seeds,
-                            "wall_seconds": round(wall, 1)}) + "\n")
-        for row in summary + diffs:
-            f.write(json.dumps(row) + "\n")
-    plots = plot_all(args.table_dir, runs, diffs) if runs else []
+    config = {"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
+              "train_flags": extra, "arms": {a: ARMS[a] for a in args.arms}, "seeds": args.seeds,
+              "wall_seconds": round(wall, 1)}
+    if args.plots_only and old_config.get("type") == "config":
+        config = {**old_config, "redrawn_by": config["argv"]}
+    write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
+    plots = plot_all(table_dir, runs, diffs)
     table = markdown_table(summary, diffs) if summary else "(no uniform runs: no table)"
-    (args.table_dir / "table.md").write_text(table + "\n")
+    write_atomic(table_dir / "table.md", table + "\n")
     print(table)
-    print(f"wall time {wall:.0f} s ({len(runs)} finished runs); wrote {args.table_dir / 'compare.jsonl'}, "
-          f"table.md and {len(plots)} plots")
+    missing = len(jobs) - len(runs)
+    print(f"wall time {wall:.0f} s ({len(runs)} finished runs{f', {missing} not found' if missing else ''}); "
+          f"wrote {table_dir / 'compare.jsonl'}, table.md and {len(plots)} plots")
     return {"runs": runs, "summary": summary, "paired": diffs, "wall_seconds": wall}
 
 

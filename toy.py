@@ -1,8 +1,8 @@
-"""The offline default of coba-rl: a graded arithmetic task and a tiny Qwen2 that half-solves it.
+"""The offline default of coba-rl: a graded arithmetic task and tiny Qwen2s that half-solve it.
 
 CoBA-RL (arXiv 2602.03048) allocates rollouts by each prompt's pass rate, so the task it is shown
 on must have pass rates spread over [0, 1]. Real math data and a real LLM need a GPU and a model
-hub; this file makes the same shape of problem on a laptop CPU in about two minutes:
+hub; this file makes the same shape of problem on a laptop CPU:
 
 1. A graded, verifiable task (8 levels, from `3+4=` to `47*6=`): difficulty grows with the number
    of operands, digits and the operator, so one model sees easy, medium and hopeless prompts at
@@ -10,15 +10,35 @@ hub; this file makes the same shape of problem on a laptop CPU in about two minu
 2. A tiny Qwen2-architecture causal LM (~0.8M parameters, the sizes that worked in
    ../shared/calibration.md) and a 17-symbol character tokenizer built with `tokenizers`, saved
    with `save_pretrained` so train.py loads it through the same `from_pretrained` path as a hub model.
-3. A short supervised warm-up on problems disjoint from the held-out split, so RL starts from
-   non-zero, uneven pass rates (GRPO learns nothing from groups that never succeed). The warmed-up
-   model is cached under .cache/ and built once.
+3. A supervised warm-up on problems disjoint from the held-out split, so RL starts from non-zero,
+   uneven pass rates (GRPO learns nothing from groups that never succeed).
+4. The lab is shipped, not built (issue 19): the same seeded warm-up gives different weights on
+   different processors (calibration.md: start greedy .211 / .336 / .340), so the warmed-up models
+   are committed under lab/ with a toy.json of how they were built, pinned by SHA256, and their
+   start accuracies are in START. `ensure_toy_model(name)` returns the committed directory;
+   `python toy.py --rebuild NAME [--out DIR]` reruns a recipe and prints the new build's hash
+   (the same on the machine that built it, a different one elsewhere).
 
-Departures/choices (all ours): the level list, pool sizes and warm-up length come from
-calibration.md (900 steps gave mean pass rate ~.35; 600 too weak, 1200 too strong).
+The two models (`--model NAME` of train.py; held-out = make_splits(0)[1], 256 problems):
+  toy         lab/toy-w900: 900 steps, constant lr 3e-3 (calibration.md: 600 too weak, 1200 too
+              strong). The default: its held-out avg@8 rises most clearly under RL (.254 -> .321
+              over the default run on calibration's .340 machine; this is that model).
+  toy-strong  lab/toy-strong: 2,000 steps, lr 3e-3 cosine-decayed to 3e-4 (a constant 3e-3 is noisy
+              late), then 1,000 steps with a fresh AdamW, lr 1e-3 cosine to 3e-5, levels weighted
+              1,1,1,1,2,2,4,4 (more of the hard 3d+2d and 2d*1d, where pass rates are lowest). Start
+              greedy .613, avg@8 .542, pass@8 .801. Its training pass rate at T 1.0 is near 1/2, so
+              F_bar (window 1) falls below 0.5 in an ordinary run and eq. 6's sigmoid branch runs:
+              100 default steps (M 32, G 8, lr 2e-4, window 1) had F_bar < .5 (and alpha_t < beta_t)
+              in 24 (coba; 23) and 35 (uniform) of 100 steps, from step 1; F_t means by tens
+              .50-.60. Caveat: held-out greedy fell .613 -> .402 (coba) / .477 (uniform) in those
+              runs: lr 2e-4 is too high for this sharper model; use it to exercise eq. 6, not to
+              show learning.
+              Tried first (not shipped): 2,000 cosine steps alone (greedy .535; F_t ~.62, F_bar < .5
+              in 5-6 of 100 steps), + 500 steps lr 1e-3 -> 1e-4, levels 1,1,1,1,2,2,3,3 (greedy
+              .613; F_bar < .5 in 7 (coba) and 18 (uniform) of 100 steps).
 
-Run `python toy.py` to build the model and print its starting pass rates. Tested by
-tests/test_train.py (the trainer runs on this model) and tests/test_toy.py.
+Run `python toy.py` to list the models, `python toy.py --rebuild toy` to rebuild one. Tested by
+tests/test_toy.py (hash, recipe, start accuracies) and tests/test_train.py (the trainer runs on it).
 """
 from __future__ import annotations
 
@@ -167,18 +187,36 @@ def encode_sft_batch(tokenizer, problems: list[dict]) -> tuple[torch.Tensor, tor
 
 
 def warmup(model, tokenizer, exclude: set[str], steps: int, seed: int, batch_size: int = 128,
-           lr: float = 3e-3, progress: bool = True) -> None:
-    """AdamW on fresh random problems of all levels (never the held-out ones), grad-clipped at 1."""
+           lr: float = 3e-3, progress: bool = True, lr_schedule: str = "constant", final_lr: float = 0.0,
+           level_weights: list[float] | None = None) -> None:
+    """AdamW on fresh random problems of all levels (never the held-out ones), grad-clipped at 1.
+
+    lr_schedule "constant" (the 900-step default) or "cosine" (lr -> final_lr over `steps`: a
+    constant 3e-3 is noisy late, calibration.md, so a long warm-up decays it). level_weights: the
+    chance of each level per problem (None: uniform). The defaults draw exactly as before, so the
+    shipped default model rebuilds bit for bit on the processor that built it.
+    """
+    import math
+
     from tqdm.auto import tqdm
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = None
+    if lr_schedule == "cosine":
+        floor = final_lr / lr
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    elif lr_schedule != "constant":
+        raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
+    levels = range(len(LEVELS))
     model.train()
     bar = tqdm(range(steps), desc="toy warm-up (SFT)", disable=not progress)
     for _ in bar:
         batch = []
         while len(batch) < batch_size:
-            p = make_problem(rng, rng.randrange(len(LEVELS)))
+            level = rng.randrange(len(LEVELS)) if level_weights is None else rng.choices(levels, level_weights)[0]
+            p = make_problem(rng, level)
             if p["question"] not in exclude:
                 batch.append(p)
         input_ids, attn, labels = encode_sft_batch(tokenizer, batch)
@@ -187,52 +225,137 @@ def warmup(model, tokenizer, exclude: set[str], steps: int, seed: int, batch_siz
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if sched is not None:
+            sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
 
 
-def toy_model_dir(seed: int = 0, warmup_steps: int = 900) -> Path:
-    return CACHE_DIR / f"toy-model-{TOY_VERSION}-seed{seed}-warm{warmup_steps}"
+# ----------------------------------------------------------------------------------------------
+# 4. The shipped models: committed under lab/, rebuilt only on request
+# ----------------------------------------------------------------------------------------------
+# The same seeded, single-threaded warm-up gives different weights on different processors
+# (calibration.md: start greedy .211 / .336 / .340 on three machines), so the lab is not built at
+# run time: the warmed-up models are committed, and every machine trains from the same weights.
+# RECIPES say how each was built (`python toy.py --rebuild NAME` reruns it); SHA256 pins the
+# committed weights; START holds their held-out accuracies (tests/test_toy.py re-measures them).
+LAB_DIR = REPO / "lab"
+
+RECIPES = {
+    # The default: the calibration.md warm-up, the one whose held-out avg@8 rises most clearly.
+    "toy": dict(dir="toy-w900", seed=0, warmup_steps=900, lr=3e-3, lr_schedule="constant", final_lr=0.0,
+                level_weights=None),
+    # F_bar falls below 0.5 in an ordinary run, so eq. 6's sigmoid branch runs (alpha_t < beta_t).
+    # `then`: a second warm-up phase (fresh AdamW, problem stream seed + 1) run after the first.
+    "toy-strong": dict(dir="toy-strong", seed=0, warmup_steps=2000, lr=3e-3, lr_schedule="cosine", final_lr=3e-4,
+                       level_weights=None,
+                       then=dict(steps=1000, lr=1e-3, lr_schedule="cosine", final_lr=3e-5,
+                                 level_weights=[1, 1, 1, 1, 2, 2, 4, 4])),
+}
+TOY_MODELS = tuple(RECIPES)  # the --model names train.py treats as the toy
+
+# SHA-256 of each committed model.safetensors (tests/test_toy.py checks the files against it).
+SHA256 = {
+    "toy": "8e458e3a28fcee682f8f904d45aee797fc6566e06636bcd5289822f463638caa",
+    "toy-strong": "b8704ffb97abc6b672c6d085c5db246d5069889d374f7b079aeecebc37c369a5",
+}
+
+# Start accuracies on the default held-out set (make_splits(0)[1], 256 problems) measured with
+# train.evaluate: greedy, and 8 samples at T 1.0, top-p 0.9, seed 0 (avg@8, pass@8).
+START = {
+    "toy": {"acc": 87 / 256, "avg@8": 521 / 2048, "pass@8": 143 / 256},  # .340, .254, .559
+    "toy-strong": {"acc": 157 / 256, "avg@8": 1110 / 2048, "pass@8": 205 / 256},  # .613, .542, .801
+}
 
 
-def ensure_toy_model(seed: int = 0, warmup_steps: int = 900, progress: bool = True) -> Path:
-    """Build (once) and return the directory of the warmed-up toy model + tokenizer.
+def weights_sha256(model_dir: Path) -> str:
+    import hashlib
 
-    Written to a temporary directory and renamed into place, so a run interrupted mid-build, or two
-    processes building at once, never leave a half-written model behind.
+    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def ensure_toy_model(name: str = "toy", progress: bool = True) -> Path:
+    """The committed directory of toy model `name` (no warm-up at run time). `progress` is unused
+    and kept for callers of the old building version."""
+    if name not in RECIPES:
+        raise SystemExit(f"error: unknown toy model {name!r}: pass one of {', '.join(TOY_MODELS)}")
+    out = LAB_DIR / RECIPES[name]["dir"]
+    if not (out / "model.safetensors").exists():
+        raise SystemExit(f"error: {out} is missing (a partial checkout?): restore lab/ from git, "
+                         f"or rebuild it with `python toy.py --rebuild {name} --out {out}`")
+    return out
+
+
+def machine() -> str:
+    """The processor, for toy.json: warm-up weights depend on it."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_toy_model(name: str, out: Path | None = None, progress: bool = True) -> Path:
+    """Run RECIPES[name]'s warm-up from scratch and save model + tokenizer + toy.json to `out`
+    (default: COBA_CACHE/rebuild-NAME). On another processor the weights (and hash) will differ.
+
+    Written to a temporary directory and renamed into place, so an interrupted build never leaves
+    a half-written model behind.
     """
-    out = toy_model_dir(seed, warmup_steps)
-    if (out / "config.json").exists():
-        return out
+    import platform
+
+    import transformers
+
+    r = RECIPES[name]
+    out = Path(out) if out is not None else CACHE_DIR / f"rebuild-{name}"
+    if out.exists():
+        raise SystemExit(f"error: {out} exists: remove it or pass another --out")
     t0 = time.time()
     # One torch thread: the tiny model is dispatch-bound, a second thread does not help (calibration.md).
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
-    model = build_model(len(tokenizer), seed=seed)
-    _, test = make_splits(seed)
-    warmup(model, tokenizer, exclude={p["question"] for p in test}, steps=warmup_steps, seed=seed,
+    model = build_model(len(tokenizer), seed=r["seed"])
+    _, test = make_splits(r["seed"])
+    warmup(model, tokenizer, exclude={p["question"] for p in test}, steps=r["warmup_steps"], seed=r["seed"],
+           lr=r["lr"], lr_schedule=r["lr_schedule"], final_lr=r["final_lr"], level_weights=r["level_weights"],
            progress=progress)
+    if r.get("then"):  # a second phase: fresh AdamW, its own problem stream (seed + 1)
+        t = r["then"]
+        warmup(model, tokenizer, exclude={p["question"] for p in test}, steps=t["steps"], seed=r["seed"] + 1,
+               lr=t["lr"], lr_schedule=t["lr_schedule"], final_lr=t["final_lr"], level_weights=t["level_weights"],
+               progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "toy.json").write_text(json.dumps(
-        {"seed": seed, "warmup_steps": warmup_steps, "build_seconds": round(time.time() - t0, 1)}))
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+    info = {"name": name, **{k: v for k, v in r.items() if k != "dir"}, "batch_size": 128, "grad_clip": 1.0,
+            "toy_version": TOY_VERSION, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "machine": machine(), "threads": 1,
+            "build_seconds": round(time.time() - t0, 1), "sha256": weights_sha256(tmp)}
+    (tmp / "toy.json").write_text(json.dumps(info, indent=1) + "\n")
+    tmp.rename(out)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seed", type=int, default=0, help="task and model seed (default 0)")
-    ap.add_argument("--warmup-steps", type=int, default=900, help="SFT steps (calibration: 900)")
+    ap.add_argument("--rebuild", metavar="NAME", choices=TOY_MODELS, default=None,
+                    help=f"rerun the warm-up of a shipped model ({', '.join(TOY_MODELS)}) and print its hash")
+    ap.add_argument("--out", type=Path, default=None, help="where --rebuild writes (default COBA_CACHE/rebuild-NAME)")
     args = ap.parse_args()
-    path = ensure_toy_model(args.seed, args.warmup_steps)
-    print(f"toy model ready: {path}")
-    train, test = make_splits(args.seed)
+    if args.rebuild:
+        path = build_toy_model(args.rebuild, args.out)
+        same = weights_sha256(path) == SHA256[args.rebuild]
+        print(f"rebuilt {args.rebuild}: {path}\nsha256 {weights_sha256(path)} "
+              f"({'same as' if same else 'differs from'} the committed lab/{RECIPES[args.rebuild]['dir']})")
+        return
+    for name in TOY_MODELS:
+        print(f"{name}: {ensure_toy_model(name)}  start {START[name]}")
+    train, test = make_splits(0)
     print(f"train pool {len(train)} problems, held-out {len(test)}; levels: "
           + ", ".join(name for name, _ in LEVELS))
 

@@ -46,25 +46,28 @@ import allocate
 import coba
 import grpo
 import plots
+import toy
 import tracking
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, checkpoint_step, find_checkpoint, load_checkpoint,
                         prepare_run_dir, read_log, run_config, save_checkpoint, truncate_log)
-from data import BOXED_INSTRUCTION, DATASET_ALIASES, fit_prompt_length, format_prompt, load_data
+from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, fit_prompt_length, format_prompt, load_data
 from models import MODEL_ALIASES, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
 
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
     "toy": dict(learning_rate=2e-4, max_completion_length=8, num_generations=8, prompts_per_step=32,
-                steps=150, eval_every=25, save_every=50, prompt_template="{question}",
+                steps=150, eval_every=50, save_every=50, prompt_template="{question}",
                 last_number_fallback=True, threads=1, warmup_lr_steps=0, micro_batch_size=512,
-                generation_batch_size=512, eval_size=256),
+                # held-out avg@8 (the paper's metric) on 1,024 problems, at steps 0, 50, 100, 150:
+                # standard error ~0.01; the 4 evaluations take about a quarter of the training time (README)
+                generation_batch_size=512, eval_size=1024, eval_samples=8),
     "hub": dict(learning_rate=1e-6, max_completion_length=1024, num_generations=16,
                 prompts_per_step=32, steps=200, eval_every=20, save_every=20,
                 prompt_template="{question}\n" + BOXED_INSTRUCTION, last_number_fallback=False,
                 threads=None, warmup_lr_steps=10, micro_batch_size=8, generation_batch_size=256,
-                eval_size=500),
+                eval_size=500, eval_samples=16),
 }
 
 # Accepted range of each numeric flag, in interval notation ("[" includes the end, "(" excludes it).
@@ -87,6 +90,16 @@ FLAG_RANGES = {
 }
 
 
+def saved_run_model(model: str) -> str | None:
+    """The --model a checkpoint directory was trained from (its run_config.json), else None: a toy
+    checkpoint passed as --model keeps the toy's preset (prompt template, 8 new tokens, avg@8)."""
+    config = Path(model) / "run_config.json"
+    try:
+        return json.loads(config.read_text()).get("model") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
 def out_of_range(value: float, interval: str) -> bool:
     """True when value lies outside interval ("[0, 1)" style) or is NaN: NaN fails every comparison."""
     low, high = (float(x) for x in interval[1:-1].split(","))
@@ -103,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with CoBA-RL budget allocation (arXiv 2602.03048). With no arguments: "
                     "the offline toy on CPU.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = ap.add_argument_group("model and data")
-    g.add_argument("--model", default="toy", help="'toy' (offline, built by toy.py), an alias ("
+    g.add_argument("--model", default="toy", help="'toy' or 'toy-strong' (offline models committed under lab/, see toy.py), an alias ("
                    + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
     g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
                    + "), a hub dataset name, or a local .jsonl/.json/.parquet file")
@@ -111,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--answer-field", default=None, help="column holding the reference answer")
     g.add_argument("--eval-files", nargs="*", default=[], help="extra local benchmark files "
                    "(.jsonl with question/answer) evaluated beside the held-out split")
-    g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 256); sliced "
+    g.add_argument("--eval-datasets", nargs="*", default=[], metavar="NAME",
+                   help="the paper's Table 1 benchmarks from the hub, by name: " + ", ".join(BENCHMARKS)
+                        + ", or paper (all six); logged as NAME_avg@k etc. (data.BENCHMARKS)")
+    g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 1024); sliced "
                    "from a file without a test split, at most a fifth of it")
     g.add_argument("--train-size", type=int, default=1024,
                    help="training pool size for the toy (revisited each epoch: pass rates need "
@@ -189,8 +205,12 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                         "trainer (logged as vllm_logp_gap). TRL's vllm_importance_sampling_cap (TRL: on, C=2)")
     g = ap.add_argument_group("evaluation")
     g.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0 = only start/end)")
-    g.add_argument("--eval-samples", type=int, default=0,
-                   help="k: also report avg@k and pass@k at T=1.0, top-p 0.9 (paper: avg@16)")
+    g.add_argument("--eval-samples", type=int, default=None,
+                   help="k: avg@k (the primary accuracy) and pass@k at T=1.0, top-p 0.9 beside greedy "
+                        "accuracy (paper: avg@16; toy 8, real models 16; 0 = greedy only)")
+    g.add_argument("--eval-only", action="store_true",
+                   help="evaluate --model (a name, or a checkpoint directory) on the eval sets and stop: "
+                        "prints a table, logs one eval record, trains nothing and saves no checkpoint")
     g = ap.add_argument_group("run")
     g.add_argument("--steps", type=int, default=None, help="RL steps (toy 150)")
     g.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and model")
@@ -218,7 +238,8 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
 
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
-    preset = PRESETS["toy" if args.model == "toy" else "hub"]
+    preset = PRESETS["toy" if args.model in toy.TOY_MODELS or saved_run_model(args.model) in toy.TOY_MODELS
+                     else "hub"]
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -228,6 +249,9 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
             ap.error(f"--{key.replace('_', '-')} must be in {interval}, got {value}")
     if args.resume and args.overwrite:
         ap.error("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
+    if args.eval_only and args.resume:
+        ap.error("--eval-only trains nothing, so there is nothing to --resume: pass --model CHECKPOINT_DIR "
+                 "to evaluate a checkpoint")
     if args.device is not None:  # fail here, not in the first .to(device) minutes later
         try:
             device = torch.device(args.device)
@@ -244,7 +268,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     if args.total_budget is None:
         args.total_budget = M * G
     if args.max_budget is None:
-        args.max_budget = 128 if args.model != "toy" else 4 * G
+        args.max_budget = 128 if args.model not in toy.TOY_MODELS else 4 * G
     try:
         allocate.check_feasible(M, args.total_budget, args.min_budget, args.max_budget)
         args.schedule_obj = coba.parse_schedule(args.schedule)
@@ -344,7 +368,12 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
         many = decode(tokenizer, gen(k, False, 1.0, 0.9))
         correct = np.array(verify.rewards(many, [a for a in answers for _ in range(k)],
                                           last_number_fallback=args.last_number_fallback)).reshape(-1, k)
-        result[f"avg@{k}"] = float(correct.mean())  # mean accuracy over k samples (paper's avg@16)
+        per_problem = correct.mean(axis=1)  # (n,) each problem's share of right samples
+        result[f"avg@{k}"] = float(per_problem.mean())  # mean accuracy over k samples (paper's avg@16)
+        # Standard error over problems (the k samples of one problem are not independent draws of
+        # the benchmark): the noise of avg@k as an estimate of the model's accuracy on this kind of set.
+        n = len(per_problem)
+        result[f"avg@{k}_se"] = float(per_problem.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
         result[f"pass@{k}"] = float((correct.max(axis=1) > 0).mean())  # any of k correct (n = k)
     return result
 
@@ -537,14 +566,23 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     return run, start
 
 
-def run_eval(run: Run, step: int) -> dict:
-    """Evaluate every eval set and log one record."""
-    record = {"type": "eval", "step": step, "rollouts": run.counters["rollouts"]}
+def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
+    """Evaluate every eval set and log one record: NAME_acc (greedy), NAME_avg@k (+ _se) and
+    NAME_pass@k per set; with benchmarks (every set but 'heldout'), eval_mean_avg@k, their plain mean
+    as in the paper's Table 1 'Avg.' column; eval_seconds, what the evaluation cost."""
+    t0 = time.time()
+    record = {"type": "eval", "step": step, "rollouts": run.counters["rollouts"], **(extra or {})}
     for name, records in run.eval_sets.items():
         with run.amp():
             results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
         for key, value in results.items():
             record[f"{name}_{key}"] = value
+    k = run.args.eval_samples
+    benchmarks = [name for name in run.eval_sets if name != "heldout"]
+    if benchmarks:
+        metric = f"avg@{k}" if k else "acc"
+        record[f"eval_mean_{metric}"] = float(np.mean([record[f"{name}_{metric}"] for name in benchmarks]))
+    record["eval_seconds"] = round(time.time() - t0, 3)
     run.write(record)
     return record
 
@@ -734,8 +772,9 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     evals = [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"]
     final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(run, args.steps)
     summary = {"type": "summary", "step": args.steps, "rollouts": run.counters["rollouts"],
-               "train_seconds": round(run.counters["seconds"], 1),  # None below: no held-out set (--eval-size 0)
-               "heldout_acc_start": (evals or [final])[0].get("heldout_acc"), "heldout_acc_end": final.get("heldout_acc")}
+               "train_seconds": round(run.counters["seconds"], 1),
+               "eval_seconds": round(sum(r.get("eval_seconds", 0.0) for r in evals + [final] * (final not in evals)), 1),
+               **start_end((evals or [final])[0], final, args.eval_samples)}
     run.write(summary)
     run.log.close()
     run.reporter.close()
@@ -744,14 +783,92 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
 
 
 
+def start_end(first: dict, final: dict, k: int) -> dict:
+    """The summary's accuracies at the first and the final evaluation. The paper's metric first:
+    heldout_avg@k (k samples at T = 1.0, top-p 0.9; + _se) and eval_mean_avg@k over benchmarks; then
+    greedy heldout_acc (other code reads heldout_acc_start/_end) and pass@k. None: no such set."""
+    keys = [f"heldout_avg@{k}", f"heldout_avg@{k}_se", "heldout_acc", f"heldout_pass@{k}"] if k else ["heldout_acc"]
+    keys += [key for key in (f"eval_mean_avg@{k}" if k else "eval_mean_acc",) if key in final]
+    return {f"{key}_{when}": r.get(key) for key in keys for when, r in (("start", first), ("end", final))}
+
+
+def closing_line(summary: dict, k: int) -> str | None:
+    """train.py's last line: held-out avg@k first (the paper's metric), greedy accuracy and pass@k
+    beside it; None without a held-out set."""
+    if summary.get("heldout_acc_end") is None:
+        return None
+    def arrow(key: str) -> str:  # a start record from before this metric existed (resumed run): n/a
+        return " -> ".join("n/a" if summary.get(f"{key}_{w}") is None else f"{summary[f'{key}_{w}']:.3f}"
+                           for w in ("start", "end"))
+
+    if not k or summary.get(f"heldout_avg@{k}_end") is None:
+        return f"held-out greedy accuracy {arrow('heldout_acc')}"
+    return (f"held-out avg@{k} (T=1.0, top-p 0.9) {arrow(f'heldout_avg@{k}')} "
+            f"(+-{summary[f'heldout_avg@{k}_se_end']:.3f}); greedy accuracy {arrow('heldout_acc')}, "
+            f"pass@{k} {arrow(f'heldout_pass@{k}')}")
+
+
+def eval_table(record: dict, names: list[str], k: int) -> str:
+    """--eval-only's table: one row per eval set (avg@k, its standard error, pass@k, greedy, problems)."""
+    cols = ([f"avg@{k}", f"avg@{k}_se", f"pass@{k}"] if k else []) + ["acc"]
+    lines = [f"{'set':<14}" + "".join(f"{c:>11}" for c in cols + ["problems"])]
+    for name in names:
+        lines.append(f"{name:<14}" + "".join(f"{record[f'{name}_{c}']:>11.4f}" for c in cols)
+                     + f"{record['problems'][name]:>11}")
+    for key in (f"eval_mean_avg@{k}", "eval_mean_acc"):
+        if key in record:
+            lines.append(f"{key} (Table 1's Avg.): {record[key]:.4f}")
+    return "\n".join(lines)
+
+
+def eval_only(args) -> dict:
+    """--eval-only: evaluate --model (a name, or a checkpoint directory, which from_pretrained reads)
+    on the eval sets, the paper's way (avg@k at T = 1.0, top-p 0.9), without training: OUTPUT_DIR/log.jsonl
+    gets a config line and one eval record (eval_only: true); no optimizer, no checkpoint. For the base
+    model's numbers before a run, or a finished checkpoint's after."""
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out), progress_bars(not args.no_progress):
+        prepare_run_dir(out, args)  # a directory that holds a run is refused unless --overwrite
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+        torch.manual_seed(args.seed)
+        counts = {"skipped_rows": 0, "skipped_long_prompts": 0}
+        _, eval_sets = load_data(args, counts, need_train=False)
+        model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+        fit_prompt_length([], eval_sets, tokenizer, args, counts, need_train=False)
+        if not eval_sets:
+            raise SystemExit("error: --eval-only has nothing to evaluate: pass --eval-datasets NAME, "
+                             "--eval-files PATH, or --eval-size > 0")
+        model.eval()
+        amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+        run = Run(args, out, model, tokenizer, None, None, None, None, None,
+                  VLLMGenerator(args, model_path) if args.use_vllm else None, [], eval_sets, device, amp,
+                  counters={"rollouts": 0, "seconds": 0.0})
+        run.log = (out / "log.jsonl").open("w")
+        run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
+                   "device": str(device), **counts})
+        record = run_eval(run, 0, extra={"eval_only": True, "model": args.model,
+                                         "problems": {name: len(r) for name, r in eval_sets.items()}})
+        run.log.close()
+    print(eval_table(record, list(eval_sets), args.eval_samples))
+    return record
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
+    if args.eval_only:
+        return eval_only(args)
     summary = train(args)
-    if summary.get("heldout_acc_end") is not None:
-        print(f"held-out greedy accuracy {summary['heldout_acc_start']:.3f} -> {summary['heldout_acc_end']:.3f} "
-              f"after {summary['rollouts']} rollouts; wall time {time.time() - t0:.0f} s; log: "
+    line = closing_line(summary, args.eval_samples)
+    if line is not None:
+        print(f"{line} after {summary['rollouts']} rollouts; wall time {time.time() - t0:.0f} s; log: "
               f"{Path(args.output_dir) / 'log.jsonl'}")
     return summary
 

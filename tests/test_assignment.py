@@ -7,6 +7,7 @@ fresh handout in 10 configurations, 16 pytest runs; the rest takes seconds)
 import ast
 import dataclasses
 import json
+import shutil
 
 import pytest
 
@@ -194,3 +195,77 @@ def test_grade_cli_prints_the_table_and_writes_the_json(broken, tmp_path, capsys
     assert result["tests"][0]["name"] == "Part 1: The verifiable reward"
     assert 0 < result["score"] == result["tests"][0]["score"] < 10
     assert "FAILED tests/test_verify.py::test_extract_answer" in result["tests"][0]["output"]
+
+
+# ----------------------------------------------------------------------------------------------
+# A submission reaches only its own part (issue 25: 12, 13), and build keeps a student's work
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def submission(handout, tmp_path):
+    """A fresh copy of the module's handout, and a way to replace a stub's body (Part 1)."""
+    root = tmp_path / "submission"
+    shutil.copytree(handout[0], root)
+    stub = {name: msg for table in A.stubs_for(A.auto_parts()).values() for name, msg in table.items()}
+
+    def write(filename, name, body, prelude=""):  # prelude: module-level code, run at import
+        path, raise_line = root / filename, f"raise NotImplementedError({stub[name]!r})"
+        text = (handout[0] / filename).read_text()  # the stub as handed out
+        assert raise_line in text
+        path.write_text(text.replace(raise_line, body) + "\n" + prelude)  # after any __future__ import
+
+    return root, write
+
+
+def tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "tests").rglob("*.py"))}
+
+
+def test_a_submission_cannot_change_the_tests_it_is_graded_by(submission):
+    """Issue 25.12: a student file rewrote tests/test_grpo.py at import and a stub scored 25/25;
+    deleting a test file broke the handout for the next submission graded in it."""
+    root, write = submission
+    tests_before = tree(root)
+    # Part 1 stays a stub; at import, verify.py replaces its tests by ones that pass and deletes another
+    write("verify.py", "extract_answer", "raise NotImplementedError('still a stub')", prelude=(
+        "import os as _os, pathlib as _pl\n"
+        "for _t in _pl.Path('tests').glob('test_*.py'):\n"
+        "    _os.chmod('tests', 0o755); _os.chmod(_t, 0o644)\n"
+        "    if _t.name == 'test_verify.py':\n"
+        "        _t.write_text(''.join(f'def {n.split(\"::\")[1]}():\\n    pass\\n' for n in "
+        f"{list(A.PARTS[0].tests)!r}))\n"
+        "    elif _t.name == 'test_grpo.py':\n"
+        "        _t.unlink()\n"))
+    for _ in range(2):  # the second grading used to collect the rewritten tests: full marks
+        row = A.grade(root, parts={1}, quiet=True)[0]
+        assert row["score"] == 0 and "changed the grading tests" in row["report"], row["report"]
+    assert tree(root) == tests_before  # the handout itself is only read: the next grading is unharmed
+
+
+def test_output_and_file_sizes_are_capped(submission):
+    """Issue 25.13: output printed in a loop grew the temp folder at ~320 MB/s. pytest captures
+    it into a temporary file, which RLIMIT_FSIZE caps; what reaches the grader's pipe is capped too.
+    (Bounded loops, at most 32 MB each, so that the test is harmless even where the caps fail.)"""
+    root, write = submission
+    limits = A.Limits(output_keep=4096, output_kill=2 ** 20, file_size=2 ** 20, disk=2 ** 30)
+    write("verify.py", "extract_answer", "[print('x' * 65535) for _ in range(512)]; return (None, 'none')")
+    row = A.grade(root, parts={1}, quiet=True, limits=limits)[0]
+    assert row["score"] == 0 and "File too large" in row["report"] and "capped at 1 MB" in row["report"]
+    # at exit, after pytest gave the pipe back: straight to the grader's pipe
+    write("verify.py", "extract_answer", "raise NotImplementedError('stub')", prelude=(
+        "import atexit as _a, os as _os\n"
+        "_a.register(lambda: [_os.write(1, b'y' * 65536) for _ in range(512)])\n"))
+    row = A.grade(root, parts={1}, quiet=True, limits=limits)[0]
+    assert row["score"] == 0 and row["stopped"] == "output", row["report"]
+    assert "printed more than 1 MB" in row["report"]
+
+
+def test_rebuild_never_deletes_a_students_work(tmp_path):
+    root = tmp_path / "handout"
+    A.build(root)
+    A.build(root)  # untouched since it was built: replaced
+    (root / "verify.py").write_text((root / "verify.py").read_text() + "\n# my work\n")
+    (root / "ANSWERS.md").write_text("## Q1.1\n\nmy answer\n")
+    with pytest.raises(SystemExit, match=r"holds work since it was built \(ANSWERS.md \(changed\), verify.py "
+                                         r"\(changed\)\): pick another --out"):
+        A.build(root)
+    assert (root / "verify.py").read_text().endswith("# my work\n") and "my answer" in (root / "ANSWERS.md").read_text()

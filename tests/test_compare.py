@@ -2,6 +2,13 @@
 Run: python -m pytest -q tests/test_compare.py"""
 import json
 import math
+import os
+import re
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -41,15 +48,31 @@ def test_quick_compare_writes_results_plots_and_resumes(tmp_path, toy_model_dir)
     again = compare.main(["--quick", "--arms", *arms, "--seeds", "0", "1", "--out", str(tmp_path)])
     assert again["runs"] == runs
     assert {p: p.read_text() for p in (tmp_path / "runs").glob("*/log.jsonl")} == logs
+    # ...but not with other train.py flags: the finished runs' recorded flags (checkpoint's
+    # run_config.json) are not this sweep's, so it refuses in one line rather than reuse them
+    for flags, words in ((["--learning-rate", "0.01"], "--learning-rate 0.0002 -> 0.01"),
+                         (["--steps", "8"], "--steps 6 -> 8")):
+        with pytest.raises(SystemExit, match=f"6 runs in .* were made with other train.py flags .*{words}.*"
+                                             "another --out, or --redo-mismatched"):
+            compare.main(["--quick", "--arms", *arms, "--seeds", "0", "1", "--out", str(tmp_path), *flags])
+    assert {p: p.read_text() for p in (tmp_path / "runs").glob("*/log.jsonl")} == logs
 
 
 def test_bad_flags_are_one_line_errors(tmp_path, capsys):
     for argv, words in ((["--seeds", "0", "0"], "duplicates"), (["--jobs", "0"], "--jobs"),
-                        (["--out", str(tmp_path / "f")], "is a file")):
+                        (["--out", str(tmp_path / "f")], "is a file"),
+                        (["--steps", "0"], "--steps must be >= 1"),  # not silently the preset's 100
+                        (["--quick", "--eval-every", "0"], "--eval-every must be >= 1"),
+                        (["--output-dir", "x"], "--output-dir would override .* use --out"),
+                        (["--alloc", "knapsack"], "--allocator would override .* use --arms"),
+                        (["--learning-rte", "0.01"], "unrecognized arguments: --learning-rte")):
         (tmp_path / "f").write_text("x")
         with pytest.raises(SystemExit):
             compare.parse_args(argv)
-        assert words in capsys.readouterr().err
+        assert re.search(words, capsys.readouterr().err), words
+    # explicit values win over --quick's (they used to be replaced by 6 and 3 without a word)
+    args, _ = compare.parse_args(["--quick", "--steps", "9", "--eval-every", "2"])
+    assert (args.steps, args.eval_every, args.seeds) == (9, 2, [0, 1])
 
 
 def test_auc_and_rollouts_to_reach_by_hand():
@@ -98,3 +121,188 @@ def test_rollout_ratio_is_paired_and_censored_runs_say_never():
     assert d["fast"]["rollout_ratio"]["geo_mean"] == pytest.approx(0.5)
     assert d["slow"]["rollout_ratio"]["geo_mean"] is None and d["slow"]["rollout_ratio"]["never"] == 1
     assert d["fast"]["final_acc"]["mean"] == pytest.approx(0.05)
+
+
+# ----------------------------------------------------------------------------------------------
+# Results files, reuse, failures and Ctrl-C (issue 25), with a fake train.py that takes no time
+# ----------------------------------------------------------------------------------------------
+FAKE_TRAIN = r'''
+"""A stand-in for train.py: writes a log of the same shape at once (no torch). FAKE_FAIL_ARM makes
+that allocator fail; FAKE_WAIT makes every run wait for SIGINT (as train.py: checkpoint, exit 0)."""
+import json, os, signal, sys, time
+from pathlib import Path
+
+
+def config(flags):
+    """The flags as the fake records them: {name: value} (a bare flag: True)."""
+    out, key = {}, None
+    for f in flags:
+        if f.startswith("--"):
+            key = f[2:].replace("-", "_")
+            out[key] = True
+        elif key is not None:
+            out[key] = f
+    return out
+
+
+if __name__ == "__main__":
+    c = config(sys.argv[1:])
+    out = Path(c["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "calls.txt", "a") as f:
+        f.write(" ".join(sys.argv[1:]) + "\n")
+    if c.get("allocator") == os.environ.get("FAKE_FAIL_ARM"):
+        print("Traceback: boom, the fake trainer failed", file=sys.stderr)
+        sys.exit(3)
+    if os.environ.get("FAKE_WAIT"):
+        got = []
+        signal.signal(signal.SIGINT, lambda *a: got.append(a[0]))
+        (out / "started").write_text("")
+        for _ in range(2400):  # at most ~2 min, then give up (the test fails, no hang)
+            if got:
+                (out / "got-sigint").write_text("")
+                sys.exit(0)
+            time.sleep(0.05)
+        sys.exit(4)
+    steps, every, seed = int(c["steps"]), int(c["eval_every"]), int(c["seed"])
+    shift = {"uniform": 0.0, "coba": 0.01, "knapsack": 0.02}.get(c["allocator"], 0.0)
+    log = [{"type": "config", "step": -1, **c}]
+    for step in range(steps + 1):
+        if step % every == 0 or step == steps:
+            log.append({"type": "eval", "step": step, "rollouts": 8 * step,
+                        "heldout_acc": 0.1 + 0.01 * step + 0.001 * seed + shift})
+        if step < steps:
+            log.append({"type": "train", "step": step + 1, "budgets": [2, 6], "seen": int(step > 0),
+                        "pass_rates": [0.5, 0.25], "zero_signal_groups": 1, "zero_signal_rollouts": 2,
+                        "seconds": step + 1.0, "rollouts": 8 * (step + 1), "alpha_t": 5.0, "F_t": 0.6})
+    log.append({"type": "summary", "step": steps})
+    (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+'''
+
+
+def plain_read_log(run_dir):
+    return compare.read_jsonl(run_dir / "log.jsonl")
+
+
+@pytest.fixture
+def fake_train(tmp_path, monkeypatch):
+    """compare.py with the fake trainer: runs take milliseconds, flags are recorded as given."""
+    path = tmp_path / "fake_train.py"
+    path.write_text(FAKE_TRAIN)
+    config = runpy.run_path(str(path))["config"]
+    monkeypatch.setattr(compare, "TRAIN", [sys.executable, str(path)])
+    monkeypatch.setattr(compare, "expected_config", config)
+    monkeypatch.setattr(compare, "read_log", plain_read_log)
+    monkeypatch.setattr(compare, "prepare_model", lambda args: None)
+    monkeypatch.setattr(compare, "mismatched_runs", _mismatched_runs_plain)
+    return path
+
+
+def _mismatched_runs_plain(jobs, out, extra):  # compare.mismatched_runs without train.py's checkpoints
+    found = {}
+    for arm, seed in jobs:
+        log = plain_read_log(compare.run_dir_for(out, arm, seed))
+        if any(r["type"] == "summary" for r in log):
+            diffs = compare.config_diffs(log[0], compare.expected_config(compare.train_argv(arm, seed, extra)), {})
+            if diffs:
+                found[(arm, seed)] = diffs
+    return found
+
+
+def test_plots_only_redraws_from_runs_jsonl_and_never_empties_results(tmp_path):
+    """Issue 25.2: on a fresh checkout results/runs/ is absent; --plots-only used to truncate the
+    committed runs.jsonl (30 lines -> 0), compare.jsonl and table.md, and exit 0."""
+    table_dir = tmp_path / "headline"
+    table_dir.mkdir()
+    for name in ("runs.jsonl", "compare.jsonl", "table.md"):
+        shutil.copy(compare.REPO / "results" / "headline" / name, table_dir / name)
+    runs_before = (table_dir / "runs.jsonl").read_text()
+    config_before = compare.read_jsonl(table_dir / "compare.jsonl")[0]
+    res = compare.main(["--plots-only", "--out", str(tmp_path)])
+    assert (table_dir / "runs.jsonl").read_text() == runs_before  # all 30 runs, untouched
+    assert len(res["runs"]) == 30 and len(res["summary"]) == 6
+    rows = compare.read_jsonl(table_dir / "compare.jsonl")
+    assert rows[0]["wall_seconds"] == config_before["wall_seconds"]  # the sweep's config, not the redraw's
+    assert rows[0]["train_flags"] == config_before["train_flags"] and "redrawn_by" in rows[0]
+    assert "| coba+probe |" in (table_dir / "table.md").read_text()
+    assert (table_dir / "zero_signal.png").read_bytes()[:4] == b"\x89PNG"
+    # a redraw of fewer runs than the table reports is refused, and changes nothing
+    table = (table_dir / "table.md").read_text()
+    with pytest.raises(SystemExit, match="would drop .*pass the same --arms and --seeds, or another --out"):
+        compare.main(["--plots-only", "--seeds", "0", "1", "--out", str(tmp_path)])
+    assert (table_dir / "table.md").read_text() == table and (table_dir / "runs.jsonl").read_text() == runs_before
+    # nothing to redraw: an error, and no file is written
+    with pytest.raises(SystemExit, match="nothing to redraw"):
+        compare.main(["--plots-only", "--out", str(tmp_path / "empty")])
+    assert not (tmp_path / "empty").exists()
+
+
+def test_reused_runs_must_have_this_sweeps_flags(tmp_path, fake_train):
+    """Issue 25.7: a --quick sweep then a longer one into the same --out used to build the second
+    table from the 6-step runs; extra flags were recorded but not used by reused runs."""
+    argv = ["--quick", "--arms", "uniform", "coba", "--seeds", "0", "--out", str(tmp_path)]
+    first = compare.main(argv)
+    assert [len(r["acc"]) for r in first["runs"]] == [3, 3]  # evals at steps 0, 3, 6
+    calls = {p: p.read_text() for p in (tmp_path / "runs").glob("*/calls.txt")}
+    with pytest.raises(SystemExit, match=r"2 runs in .* other train.py flags .*--steps 6 -> 12.*another --out, "
+                                         "or --redo-mismatched"):
+        compare.main([*argv, "--steps", "12"])
+    with pytest.raises(SystemExit, match="--learning-rate None -> 0.01"):
+        compare.main([*argv, "--learning-rate", "0.01"])
+    assert {p: p.read_text() for p in (tmp_path / "runs").glob("*/calls.txt")} == calls  # nothing ran
+    again = compare.main([*argv, "--steps", "12", "--redo-mismatched"])  # trained again, from scratch
+    assert [len(r["acc"]) for r in again["runs"]] == [5, 5]
+    for p in (tmp_path / "runs").glob("*/calls.txt"):
+        assert p.read_text().splitlines()[-1].endswith("--overwrite")
+    stored = compare.read_jsonl(tmp_path / "quick" / "runs.jsonl")
+    assert [len(r["acc"]) for r in stored] == [5, 5]  # the summaries were replaced, not appended
+
+
+def test_a_failed_run_stops_the_queue_at_once_with_its_output(tmp_path, fake_train, monkeypatch, capsys):
+    """Issue 25.11: a failure used to surface only after the whole queue had run."""
+    monkeypatch.setenv("FAKE_FAIL_ARM", "coba")
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--quick", "--arms", "uniform", "coba", "knapsack", "--seeds", "0", "--jobs", "1",
+                      "--out", str(tmp_path)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "run coba seed 0 failed (exit 3)" in err and "boom, the fake trainer failed" in err
+    assert "0 stopped at their last checkpoint, 1 not started" in err and "run the same command again" in err
+    assert not compare.run_dir_for(tmp_path, "knapsack", 0).exists()  # never started
+    # the run that finished before the failure is kept in runs.jsonl
+    assert [(r["arm"], r["seed"]) for r in compare.read_jsonl(tmp_path / "quick" / "runs.jsonl")] == [("uniform", 0)]
+
+
+DRIVER = """
+import sys, runpy
+sys.path.insert(0, {repo!r})
+import compare
+fake = {fake!r}
+compare.TRAIN = [sys.executable, fake]
+compare.expected_config = runpy.run_path(fake)["config"]
+compare.read_log = lambda d: compare.read_jsonl(d / "log.jsonl")
+compare.prepare_model = lambda args: None
+compare.main({argv!r})
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_the_queue_and_passes_it_on_to_the_runs(tmp_path, fake_train, sig):
+    """Issue 25.11: Ctrl-C used to leave compare.py starting the queued runs (~1 hour)."""
+    argv = ["--quick", "--arms", "uniform", "coba", "--seeds", "0", "1", "--jobs", "2", "--out", str(tmp_path)]
+    code = DRIVER.format(repo=str(compare.REPO), fake=str(fake_train), argv=argv)
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "FAKE_WAIT": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = lambda: sorted(p.parent.name for p in (tmp_path / "runs").glob("*/started"))
+    for _ in range(2400):  # wait (bounded) until both parallel runs are going
+        if len(started()) == 2 or proc.poll() is not None:
+            break
+        subprocess.run(["sleep", "0.05"])
+    assert started() == ["coba-seed0", "uniform-seed0"], proc.communicate()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    # each running train.py got one SIGINT (it checkpoints and exits); the queued two never started
+    assert sorted(p.parent.name for p in (tmp_path / "runs").glob("*/got-sigint")) == started()
+    assert not (tmp_path / "runs" / "uniform-seed1").exists() and not (tmp_path / "runs" / "coba-seed1").exists()
+    assert "2 stopped at their last checkpoint, 2 not started; run the same command again to resume" in err

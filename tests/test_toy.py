@@ -1,5 +1,9 @@
-"""The offline task and model of toy.py. Run: python -m pytest -q tests/test_toy.py"""
+"""The offline task and the committed models of toy.py (issue 19). Run: python -m pytest -q tests/test_toy.py"""
 import collections
+import json
+import math
+
+import pytest
 
 import toy
 
@@ -63,3 +67,84 @@ def test_warmed_up_model_has_uneven_pass_rates(toy_model_dir):
     easy = sum(acc_by_level[0]) / len(acc_by_level[0])
     hard = sum(acc_by_level[7]) / len(acc_by_level[7])
     assert easy > hard, (easy, hard)
+
+
+# ----------------------------------------------------------------------------------------------
+# The shipped lab (issue 19): committed weights, pinned by hash, with their start accuracies
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", toy.TOY_MODELS)
+def test_committed_model_matches_its_hash_and_recipe(name):
+    """Every --model toy name is a committed directory whose weights are the ones toy.py pins, and
+    whose toy.json records the recipe that built them (so `toy.py --rebuild` reruns that recipe)."""
+    path = toy.ensure_toy_model(name)
+    assert path.parent == toy.LAB_DIR
+    assert toy.weights_sha256(path) == toy.SHA256[name]
+    info = json.loads((path / "toy.json").read_text())
+    assert info["sha256"] == toy.SHA256[name] and info["name"] == name
+    for key, value in toy.RECIPES[name].items():
+        if key != "dir":
+            assert info[key] == value, key
+    assert {"torch", "machine", "build_seconds"} <= set(info)
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (path / f).exists(), f
+
+
+def test_unknown_or_missing_toy_model_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="unknown toy model 'toy-nope': pass one of toy"):
+        toy.ensure_toy_model("toy-nope")
+    monkeypatch.setattr(toy, "LAB_DIR", tmp_path)  # a checkout without lab/
+    with pytest.raises(SystemExit, match="is missing .*python toy.py --rebuild toy"):
+        toy.ensure_toy_model("toy")
+
+
+# Tolerances of the start accuracies, derived (not a processor's luck):
+# - greedy: an answer flips only at an argmax near-tie. Perturbing every committed weight by a
+#   relative 1e-4 (about 1,000x float32's epsilon, far more than a change of processor) changed 0
+#   of 256 greedy answers of either model (and 0 resp. 3 of 2,048 samples); we allow GREEDY_FLIPS.
+# - avg@8, pass@8: HF sampling draws from the global torch RNG for every row of a batch until all
+#   rows end, so one flipped token that ends a batch earlier or later shifts every later draw: the
+#   rest is then a fresh sample. We allow 3 standard errors of the difference of two independent
+#   draws, sqrt(2 v (1 - v) / n), with n = 2,048 samples (avg@8) or 256 problems (pass@8);
+#   v (1 - v) / n bounds the variance of either mean over fixed problems.
+GREEDY_FLIPS = 3
+
+
+def redraw_tolerance(v: float, n: int) -> float:
+    return 3 * math.sqrt(2 * v * (1 - v) / n)
+
+
+@pytest.mark.parametrize("name", toy.TOY_MODELS)
+def test_start_accuracies_are_the_recorded_ones(name):
+    """train.evaluate on the default held-out set (256 problems): greedy within GREEDY_FLIPS
+    problems, avg@8 and pass@8 (T 1.0, top-p 0.9, torch seed 0) within redraw_tolerance."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import train
+
+    path = toy.ensure_toy_model(name)
+    ap = train.build_parser()
+    args = train.resolve_args(ap.parse_args(["--model", name, "--eval-samples", "8", "--no-progress"]), ap)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    _, test = toy.make_splits(0)
+    assert len(test) == 256
+    torch.manual_seed(0)
+    with torch.no_grad():
+        got = train.evaluate(model, tokenizer, test, args)
+    want = toy.START[name]
+    assert abs(got["acc"] - want["acc"]) * 256 <= GREEDY_FLIPS + 1e-9, (got, want)
+    assert abs(got["avg@8"] - want["avg@8"]) <= redraw_tolerance(want["avg@8"], 256 * 8), (got, want)
+    assert abs(got["pass@8"] - want["pass@8"]) <= redraw_tolerance(want["pass@8"], 256), (got, want)
+
+
+def test_rebuild_writes_a_model_and_its_record(tmp_path, monkeypatch):
+    """The rebuild path runs a recipe end to end (here 2 warm-up steps, not 900) and records it."""
+    monkeypatch.setitem(toy.RECIPES, "toy-tiny", dict(dir="toy-tiny", seed=0, warmup_steps=2, lr=3e-3,
+                                                      lr_schedule="cosine", final_lr=3e-4, level_weights=None))
+    path = toy.build_toy_model("toy-tiny", tmp_path / "out", progress=False)
+    info = json.loads((path / "toy.json").read_text())
+    assert info["warmup_steps"] == 2 and info["sha256"] == toy.weights_sha256(path)
+    assert (path / "config.json").exists() and not list(tmp_path.glob(".building-*"))
+    with pytest.raises(SystemExit, match="exists: remove it or pass another --out"):
+        toy.build_toy_model("toy-tiny", path, progress=False)

@@ -66,7 +66,7 @@ def test_ctrl_c_then_resume_continues_exactly(tmp_path, toy_model_dir, monkeypat
 
     def rewards_then_ctrl_c(*a, **kw):
         calls["n"] += 1
-        if calls["n"] == 1 + 3:  # 1 call for the start eval, then one per step: interrupt step 3
+        if calls["n"] == 2 + 3:  # 2 calls for the start eval (greedy, avg@8), then one per step: interrupt step 3
             os.kill(os.getpid(), signal.SIGINT)
         return real_rewards(*a, **kw)
 
@@ -126,19 +126,24 @@ def test_default_command_runs_offline(tmp_path, toy_model_dir):
     proc = subprocess.run([sys.executable, "train.py", "--steps", "2", "--output-dir", str(tmp_path),
                            "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "held-out greedy accuracy" in proc.stdout
+    assert "held-out avg@8 (T=1.0, top-p 0.9)" in proc.stdout and "greedy accuracy" in proc.stdout
     assert (tmp_path / "log.jsonl").exists()
 
 
 def test_avg_at_k_and_pass_at_k_are_logged(tmp_path, toy_model_dir):
     """--eval-samples k: the paper's avg@k (mean accuracy of k samples at T = 1.0, top-p 0.9) and
     pass@k (any of the k right) beside greedy accuracy; pass@k >= avg@k by definition."""
-    train.main(SMALL + ["--steps", "1", "--eval-samples", "3", "--schedule", "linear-decay",
-                        "--output-dir", str(tmp_path)])
+    summary = train.main(SMALL + ["--steps", "1", "--eval-samples", "3", "--schedule", "linear-decay",
+                                  "--output-dir", str(tmp_path)])
     evals = [r for r in read_log(tmp_path) if r["type"] == "eval"]
     assert len(evals) == 2  # before and after training
     for r in evals:
         assert 0 <= r["heldout_avg@3"] <= r["heldout_pass@3"] <= 1
         assert r["heldout_avg@3"] * 16 * 3 == round(r["heldout_avg@3"] * 16 * 3)  # 16 problems x 3 samples
+        assert r["heldout_avg@3_se"] >= 0 and r["eval_seconds"] >= 0
+    # the summary: avg@k first (the paper's metric), greedy accuracy and pass@k kept beside it
+    for when, r in (("start", evals[0]), ("end", evals[1])):
+        for key in ("heldout_avg@3", "heldout_avg@3_se", "heldout_acc", "heldout_pass@3"):
+            assert summary[f"{key}_{when}"] == r[key]
     step = next(r for r in read_log(tmp_path) if r["type"] == "train")
     assert (step["alpha_t"], step["beta_t"]) == (10.0, 1.0)  # linear-decay starts at alpha = kappa - 1
