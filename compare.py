@@ -32,7 +32,8 @@ noisy, so there are three): final held-out greedy accuracy; AUC (average accurac
 the trapezoid area under acc(rollouts) divided by its span); rollouts to first reach uniform's mean
 final accuracy, and its ratio to uniform's on the same seed (geometric mean, CI on the log ratio).
 Writes PRESET/compare.jsonl and PNGs: accuracy_vs_rollouts.png (95% CI bands), difference_vs_uniform.png,
-budget_vs_pass_rate.png (one panel per allocator), alpha_beta_failure.png, zero_signal.png.
+budget_vs_pass_rate.png (one panel per allocator), alpha_beta_failure.png, zero_signal.png (drawn by
+plots.py, which also draws each run's own figures).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from plots import budget_by_pass_rate, plot_comparison
 
 REPO = Path(__file__).resolve().parent
 
@@ -361,20 +364,6 @@ def rollouts_to_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | No
     return float(x[hit[0]]) if len(hit) else None
 
 
-PASS_BINS = np.linspace(0, 1, 11)  # pass-rate bins of the budget-vs-pass-rate panel
-
-
-def budget_by_pass_rate(train: list[dict]) -> list[float | None]:
-    """Mean B_i per pass-rate bin (10 bins on [0, 1]) over the steps whose allocation saw pass rates."""
-    steps = [r for r in train if r["seen"] > 0]
-    if not steps:
-        return [None] * 10
-    p = np.concatenate([r["pass_rates"] for r in steps])
-    b = np.concatenate([r["budgets"] for r in steps])
-    which = np.clip(np.digitize(p, PASS_BINS) - 1, 0, 9)
-    return [float(b[which == j].mean()) if np.any(which == j) else None for j in range(10)]
-
-
 def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     x, y = curve(log)
     train = [r for r in log if r["type"] == "train"]
@@ -465,7 +454,7 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
 
 
 # ----------------------------------------------------------------------------------------------
-# Tables and plots
+# Tables (the figures: plots.py:plot_comparison)
 # ----------------------------------------------------------------------------------------------
 def _ci(d: dict) -> str:
     return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d["n"] > 1 else f"{d['mean']:+.3f}"
@@ -495,116 +484,6 @@ def markdown_table(summary: list[dict], diffs: list[dict]) -> str:
                      f"(AUC: {min(d['auc_min_detectable'] for d in diffs):.3f} to "
                      f"{max(d['auc_min_detectable'] for d in diffs):.3f}).")
     return "\n".join(lines)
-
-
-def plot_all(out: Path, runs: list[dict], diffs: list[dict]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on CI
-    import matplotlib.pyplot as plt
-
-    arms = list(dict.fromkeys(r["arm"] for r in runs))
-    colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(arms)}
-    paths = []
-
-    def band(ys):  # mean and 95% t band over seeds, (E,) each
-        n = len(ys)
-        m = ys.mean(0)
-        h = t_quantile(T975, n - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(m)
-        return m, m - h, m + h
-
-    # 1. held-out accuracy vs rollouts consumed: mean over seeds, 95% CI band
-    fig, ax = plt.subplots(figsize=(7, 4.4))
-    for arm in arms:
-        mine = [r for r in runs if r["arm"] == arm]
-        E = min(len(r["acc"]) for r in mine)
-        m, lo, hi = band(np.array([r["acc"][:E] for r in mine]))
-        x = np.array(mine[0]["rollouts"][:E])
-        ax.plot(x, m, label=f"{arm} (n={len(mine)})", color=colors[arm])
-        ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
-    ax.set(xlabel="rollouts consumed", ylabel="held-out greedy accuracy",
-           title="Equal rollout budget: accuracy vs rollouts (mean, 95% CI over seeds)")
-    ax.legend(fontsize=8)
-    paths.append(_save(fig, out / "accuracy_vs_rollouts.png"))
-
-    # 2. paired difference from uniform along training, 95% CI band
-    base = {r["seed"]: r for r in runs if r["arm"] == "uniform"}
-    if base:
-        fig, ax = plt.subplots(figsize=(7, 4.4))
-        for arm in arms:
-            mine = [r for r in runs if r["arm"] == arm and r["seed"] in base and arm != "uniform"]
-            if not mine:
-                continue
-            E = min(min(len(r["acc"]), len(base[r["seed"]]["acc"])) for r in mine)
-            d = np.array([np.array(r["acc"][:E]) - np.array(base[r["seed"]]["acc"][:E]) for r in mine])
-            m, lo, hi = band(d)
-            x = np.array(mine[0]["rollouts"][:E])
-            ax.plot(x, m, label=arm, color=colors[arm])
-            ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set(xlabel="rollouts consumed", ylabel="accuracy - uniform (same seed)",
-               title="Paired difference from uniform GRPO (mean, 95% CI)")
-        ax.legend(fontsize=8)
-        paths.append(_save(fig, out / "difference_vs_uniform.png"))
-
-    # 3. budget vs pass rate, one panel per arm (the paper's Figure 1 idea)
-    shown = [a for a in arms if a != "uniform"]
-    if shown:
-        fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown) + 1, 3.2), sharey=True, squeeze=False)
-        centers = (PASS_BINS[:-1] + PASS_BINS[1:]) / 2
-        for ax, arm in zip(axes[0], shown):
-            for r in (r for r in runs if r["arm"] == arm):
-                y = np.array([np.nan if v is None else v for v in r["budget_by_pass_rate"]])
-                ax.plot(centers, y, "-o", ms=2.5, alpha=0.6, color=colors[arm])
-            ax.set(title=arm, xlabel="pass rate p_i")
-            ax.title.set_fontsize(9)
-        axes[0][0].set_ylabel("mean budget B_i (one line per seed)")
-        fig.suptitle("Where the budget goes: mean B_i per pass-rate bin")
-        paths.append(_save(fig, out / "budget_vs_pass_rate.png"))
-
-    # 4. alpha_t and the global failure rate F_t over training (first coba-like arm, seed-mean)
-    coba_arms = [a for a in arms if a.startswith("coba")]
-    if coba_arms:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for arm in coba_arms:
-            mine = [r for r in runs if r["arm"] == arm]
-            S = min(len(r["alpha_t"]) for r in mine)
-            ax.plot(np.arange(1, S + 1), np.mean([r["alpha_t"][:S] for r in mine], 0), color=colors[arm],
-                    label=f"alpha_t {arm}")
-        ax.set(xlabel="step", ylabel="alpha_t (eq. 7; beta_t = kappa - alpha_t)")
-        ax2 = ax.twinx()
-        mine = [r for r in runs if r["arm"] == coba_arms[0]]
-        S = min(len(r["F_t"]) for r in mine)
-        ax2.plot(np.arange(1, S + 1), np.mean([r["F_t"][:S] for r in mine], 0), color="k", alpha=0.4,
-                 label=f"F_t (eq. 4), {coba_arms[0]}")
-        ax2.set_ylabel("global failure rate F_t")
-        ax.legend(loc="lower left", fontsize=7)
-        ax2.legend(loc="lower right", fontsize=7)
-        ax.set_title("CoBA's capability signal (mean over seeds)")
-        paths.append(_save(fig, out / "alpha_beta_failure.png"))
-
-    # 5. share of zero-signal rollouts (all rewards in the group equal: no gradient)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = np.arange(len(arms))
-    for key, off, name in (("zero_signal_group_share", -0.2, "groups"), ("zero_signal_rollout_share", 0.2, "rollouts")):
-        vals = [[r[key] for r in runs if r["arm"] == a] for a in arms]
-        ax.bar(xs + off, [np.mean(v) for v in vals], 0.4, yerr=[np.std(v) for v in vals], label=name)
-    ax.set_xticks(xs, arms, rotation=20, fontsize=8)
-    ax.set(ylabel="share with zero advantage", title="Zero-signal groups and rollouts")
-    ax.legend()
-    paths.append(_save(fig, out / "zero_signal.png"))
-    return paths
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)  # whole or not at all, like the other results files
-    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -729,7 +608,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.plots_only and old_config.get("type") == "config":
         config = {**old_config, "redrawn_by": config["argv"]}
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
-    plots = plot_all(table_dir, runs, diffs)
+    plots = plot_comparison(table_dir, runs)  # plots.py draws the figures
     table = markdown_table(summary, diffs) if summary else "(no uniform runs: no table)"
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)

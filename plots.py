@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -41,8 +42,10 @@ def _plt():
 def _save(fig, path: Path) -> Path:
     plt = _plt()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    os.replace(tmp, path)  # whole or not at all, like the other results files
     return path
 
 
@@ -191,6 +194,134 @@ def plot_run(run_dir) -> list[Path]:
                   budget_vs_pass_rate(out / "budget_vs_pass_rate.png", train),
                   zero_signal(out / "zero_signal.png", train)]
     return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison (compare.py): arms at an equal rollout budget, paired over seeds
+# ----------------------------------------------------------------------------------------------
+# `runs` are compare.summarise_run's per-run dicts (arm, seed, rollouts, acc, alpha_t, F_t,
+# budget_by_pass_rate, zero-signal shares); colors maps each arm to one colour in every figure.
+def _band(ys: np.ndarray):
+    """Mean and 95% t band over seeds of (S, E) curves: (E,) each."""
+    from compare import T975, t_quantile  # compare imports this module; here at call time only
+
+    n = len(ys)
+    m = ys.mean(0)
+    h = t_quantile(T975, n - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(m)
+    return m, m - h, m + h
+
+
+def accuracy_bands(path: Path, runs: list[dict], colors: dict) -> Path:
+    """Held-out accuracy vs rollouts consumed: mean over seeds, 95% CI band."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for arm in colors:
+        mine = [r for r in runs if r["arm"] == arm]
+        E = min(len(r["acc"]) for r in mine)
+        m, lo, hi = _band(np.array([r["acc"][:E] for r in mine]))
+        x = np.array(mine[0]["rollouts"][:E])
+        ax.plot(x, m, label=f"{arm} (n={len(mine)})", color=colors[arm])
+        ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
+    ax.set(xlabel="rollouts consumed", ylabel="held-out greedy accuracy",
+           title="Equal rollout budget: accuracy vs rollouts (mean, 95% CI over seeds)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def difference_bands(path: Path, runs: list[dict], colors: dict, baseline: str = "uniform") -> Path | None:
+    """Paired difference from the baseline along training (same seed), 95% CI band."""
+    base = {r["seed"]: r for r in runs if r["arm"] == baseline}
+    if not base:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for arm in colors:
+        mine = [r for r in runs if r["arm"] == arm and r["seed"] in base and arm != baseline]
+        if not mine:
+            continue
+        E = min(min(len(r["acc"]), len(base[r["seed"]]["acc"])) for r in mine)
+        d = np.array([np.array(r["acc"][:E]) - np.array(base[r["seed"]]["acc"][:E]) for r in mine])
+        m, lo, hi = _band(d)
+        x = np.array(mine[0]["rollouts"][:E])
+        ax.plot(x, m, label=arm, color=colors[arm])
+        ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xlabel="rollouts consumed", ylabel=f"accuracy - {baseline} (same seed)",
+           title=f"Paired difference from {baseline} GRPO (mean, 95% CI)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def budget_panels(path: Path, runs: list[dict], colors: dict, skip: str = "uniform") -> Path | None:
+    """Budget vs pass rate, one panel per arm, one line per seed (the run figure's bin line)."""
+    shown = [a for a in colors if a != skip]
+    if not shown:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown) + 1, 3.2), sharey=True, squeeze=False)
+    for ax, arm in zip(axes[0], shown):
+        for r in (r for r in runs if r["arm"] == arm):
+            _bin_line(ax, r["budget_by_pass_rate"], alpha=0.6, color=colors[arm])
+        ax.set(title=arm, xlabel="pass rate p_i")
+        ax.title.set_fontsize(9)
+    axes[0][0].set_ylabel("mean budget B_i (one line per seed)")
+    fig.suptitle("Where the budget goes: mean B_i per pass-rate bin")
+    return _save(fig, path)
+
+
+def alpha_failure(path: Path, runs: list[dict], colors: dict) -> Path | None:
+    """alpha_t of each CoBA arm and F_t of the first (seed means) over training."""
+    coba_arms = [a for a in colors if a.startswith("coba")]
+    if not coba_arms:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm in coba_arms:
+        mine = [r for r in runs if r["arm"] == arm]
+        S = min(len(r["alpha_t"]) for r in mine)
+        ax.plot(np.arange(1, S + 1), np.mean([r["alpha_t"][:S] for r in mine], 0), color=colors[arm],
+                label=f"alpha_t {arm}")
+    ax.set(xlabel="step", ylabel="alpha_t (eq. 7; beta_t = kappa - alpha_t)")
+    ax2 = ax.twinx()
+    mine = [r for r in runs if r["arm"] == coba_arms[0]]
+    S = min(len(r["F_t"]) for r in mine)
+    ax2.plot(np.arange(1, S + 1), np.mean([r["F_t"][:S] for r in mine], 0), color="k", alpha=0.4,
+             label=f"F_t (eq. 4), {coba_arms[0]}")
+    ax2.set_ylabel("global failure rate F_t")
+    ax.legend(loc="lower left", fontsize=7)
+    ax2.legend(loc="lower right", fontsize=7)
+    ax.set_title("CoBA's capability signal (mean over seeds)")
+    return _save(fig, path)
+
+
+def zero_signal_bars(path: Path, runs: list[dict], colors: dict) -> Path:
+    """Share of zero-signal groups and rollouts (all rewards in the group equal: no gradient) per arm."""
+    plt = _plt()
+    arms = list(colors)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = np.arange(len(arms))
+    for key, off, name in (("zero_signal_group_share", -0.2, "groups"), ("zero_signal_rollout_share", 0.2, "rollouts")):
+        vals = [[r[key] for r in runs if r["arm"] == a] for a in arms]
+        ax.bar(xs + off, [np.mean(v) for v in vals], 0.4, yerr=[np.std(v) for v in vals], label=name)
+    ax.set_xticks(xs, arms, rotation=20, fontsize=8)
+    ax.set(ylabel="share with zero advantage", title="Zero-signal groups and rollouts")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_comparison(out: Path, runs: list[dict]) -> list[Path]:
+    """compare.py's figures into OUT: accuracy_vs_rollouts.png, difference_vs_uniform.png,
+    budget_vs_pass_rate.png, alpha_beta_failure.png, zero_signal.png (those that apply)."""
+    plt = _plt()
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(arms)}
+    out = Path(out)
+    paths = [accuracy_bands(out / "accuracy_vs_rollouts.png", runs, colors),
+             difference_bands(out / "difference_vs_uniform.png", runs, colors),
+             budget_panels(out / "budget_vs_pass_rate.png", runs, colors),
+             alpha_failure(out / "alpha_beta_failure.png", runs, colors),
+             zero_signal_bars(out / "zero_signal.png", runs, colors)]
+    return [p for p in paths if p is not None]
 
 
 def plot_run_safely(run_dir) -> list[Path]:
