@@ -593,6 +593,7 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
         correct = np.array(verify.rewards(many, [a for a in answers for _ in range(k)],
                                           last_number_fallback=args.last_number_fallback)).reshape(-1, k)
         result[f"avg@{k}"] = float(correct.mean())  # mean accuracy over k samples (paper's avg@16)
+        result[f"avg@{k}_se"] = float(correct.mean(1).std(ddof=1) / np.sqrt(len(correct))) if len(correct) > 1 else 0.0  # its SE over problems
         result[f"pass@{k}"] = float((correct.max(axis=1) > 0).mean())  # any of k correct (n = k)
     return result
 
