@@ -8,6 +8,7 @@ only the split of B_total across prompts differs (and, for the `+probe` arms, ou
     python compare.py --preset headline   # the README's headline table (6 arms x 5 seeds)
     python compare.py --preset ablation   # Tables 2-3 of the paper: schedules and fixed (alpha, beta)
     python compare.py --quick             # tiny version (what tests/test_compare.py runs)
+    python compare.py --preset full --model toy-strong   # every arm on another starting model
 
 Design (issue 12), so that a difference, if there is one, can be seen:
 - The regime (`REGIME`): lr 5e-5 and a 512-prompt pool revisited every 16 steps, so uniform GRPO's
@@ -27,10 +28,20 @@ Design (issue 12), so that a difference, if there is one, can be seen:
   runs.jsonl only gains or updates runs; a table that would drop runs is refused. runs.jsonl is
   enough to redo the table and plots (`--plots-only`, e.g. on a fresh checkout without runs/).
 
-Metrics (calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is
-noisy, so there are three): final held-out greedy accuracy; AUC (average accuracy over training:
-the trapezoid area under acc(rollouts) divided by its span); rollouts to first reach uniform's mean
-final accuracy, and its ratio to uniform's on the same seed (geometric mean, CI on the log ratio).
+Metrics (issue 19: the paper's metric first). The primary accuracy is held-out avg@k (k = 8 by
+`--eval-samples`: k samples per problem at T = 1.0, top-p 0.9, as the paper's avg@16), which sees
+learning that greedy accuracy misses (calibration.md); greedy accuracy and pass@k are secondary
+columns (final value, and its paired difference from uniform with a 95% CI). On the primary
+(calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is noisy, so
+there are three): final value; AUC (average over training: the trapezoid area under acc(rollouts)
+divided by its span); rollouts to first reach uniform's mean final value, and its ratio to
+uniform's on the same seed (geometric mean, CI on the log ratio). The footer states the standard
+error of one evaluation over the held-out set (avg@k: std of the per-problem means / sqrt(n), as
+train.py logs it). Runs without avg@k (the greedy-only results of issue 12) are tabled on greedy
+accuracy, with a note. Evaluation every 25 steps: avg@8 on 1,024 problems costs ~14 s an evaluation
+here, against ~2.3 s a training step (measured; see PRESETS). `--model NAME` runs every arm on
+another starting model (runs in OUT/model-NAME/runs, tables in OUT/PRESET-NAME); `--preset full`
+holds the headline's and the ablation's arms together.
 Writes PRESET/compare.jsonl and PNGs: accuracy_vs_rollouts.png (95% CI bands), difference_vs_uniform.png,
 budget_vs_pass_rate.png (one panel per allocator), alpha_beta_failure.png, zero_signal.png (drawn by
 plots.py, which also draws each run's own figures).
@@ -41,6 +52,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,15 +81,23 @@ ARMS = {
     "coba:fixed(1.5,10.5)": ["--allocator", "coba", "--schedule", "fixed:1.5,10.5"],
 }
 # The lab regime where allocation can matter (issue 12, item 1; README "Results" shows the pilot).
-# --eval-samples 0: its metric is greedy accuracy every 10 steps (avg@8 there would cost ~8x the eval).
 REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024",
-          "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25", "--eval-samples", "0"]
+          "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25"]
+# Evaluation every 25 steps (5 points per 100-step run: steps 0, 25, 50, 75, 100). Each point is
+# greedy + 8 samples on 1,024 problems = 9,216 generation-only rollouts. Measured on the shared
+# 2-core machine (issue 19; train.py, REGIME, 4 steps, evals at 0, 2, 4; load ~5): the 8 samples
+# added 41 s for 3 evaluations (~14 s each) while a training step took ~2.3 s, so 100 steps ~230 s
+# train and 5 evaluations ~75 s; every 10 steps (11 evaluations, ~165 s) would cost 3/4 of training.
 PRESETS = {
     "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
-                     seeds=[0, 1, 2, 3, 4], steps=100, eval_every=10),
+                     seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
     "ablation": dict(arms=["uniform", "coba", "coba:explore2exploit", "coba:linear-decay",
                            "coba:fixed(10.5,1.5)", "coba:fixed(1.5,10.5)"],
-                     seeds=[0, 1, 2, 3, 4], steps=100, eval_every=10),
+                     seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
+    # both tables' arms in one sweep, e.g. on another starting model: --preset full --model toy-strong
+    "full": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe",
+                       "coba:explore2exploit", "coba:linear-decay", "coba:fixed(10.5,1.5)", "coba:fixed(1.5,10.5)"],
+                 seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
 }
 QUICK_FLAGS = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32",
                "--eval-size", "32", "--max-budget", "12"]
@@ -109,7 +129,8 @@ MAY_DIFFER = ("output_dir", "resume", "overwrite", "no_progress", "save_every", 
 # train.py flags compare.py sets itself (per arm, per seed, per run dir): not accepted as extra flags
 OWN_FLAGS = {"allocator": "--arms", "schedule": "--arms", "probe": "--arms", "seed": "--seeds",
              "output_dir": "--out", "resume": "(automatic)", "overwrite": "--redo-mismatched",
-             "steps": "compare.py's --steps", "eval_every": "compare.py's --eval-every"}
+             "steps": "compare.py's --steps", "eval_every": "compare.py's --eval-every",
+             "eval_samples": "compare.py's --eval-samples", "model": "compare.py's --model"}
 
 
 def run_dir_for(out: Path, arm: str, seed: int) -> Path:
@@ -348,10 +369,10 @@ def _pairs(keys) -> str:
 # ----------------------------------------------------------------------------------------------
 # Per-run metrics
 # ----------------------------------------------------------------------------------------------
-def curve(log: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(rollouts, held-out greedy accuracy) at each evaluation."""
+def curve(log: list[dict], key: str = "heldout_acc") -> tuple[np.ndarray, np.ndarray]:
+    """(rollouts, held-out metric `key`) at each evaluation."""
     evals = [r for r in log if r["type"] == "eval"]
-    return np.array([r["rollouts"] for r in evals], float), np.array([r["heldout_acc"] for r in evals])
+    return np.array([r["rollouts"] for r in evals], float), np.array([r[key] for r in evals], float)
 
 
 def auc(x: np.ndarray, y: np.ndarray) -> float:
@@ -365,13 +386,30 @@ def rollouts_to_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | No
 
 
 def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
-    x, y = curve(log)
+    """One run's numbers for runs.jsonl (enough to redo every table and plot). The primary metric
+    ("metric") is held-out avg@k (k samples at T = 1.0, top-p 0.9: the paper's avg@16, ours k = 8)
+    when the run logged it, else greedy accuracy; "acc", "final_acc", "auc" are the primary's.
+    Greedy accuracy and pass@k ride along as secondary metrics."""
+    config = next((r for r in log if r["type"] == "config"), {})
+    evals = [r for r in log if r["type"] == "eval"]
+    k = int(config.get("eval_samples") or 0)
+    has_avg = k > 0 and bool(evals) and all(f"heldout_avg@{k}" in r for r in evals)
+    x, greedy = curve(log, "heldout_acc")
+    y = curve(log, f"heldout_avg@{k}")[1] if has_avg else greedy
     train = [r for r in log if r["type"] == "train"]
     groups = sum(len(r["budgets"]) for r in train)
     rollouts = sum(sum(r["budgets"]) for r in train)
+    n = config.get("eval_size")
     return {
-        "type": "run", "arm": arm, "seed": seed, "rollouts": x.tolist(), "acc": y.tolist(),
+        "type": "run", "arm": arm, "seed": seed, "metric": f"avg@{k}" if has_avg else "greedy",
+        "heldout_n": int(n) if n is not None else None,
+        "rollouts": x.tolist(), "acc": y.tolist(),
         "final_acc": float(y[-1]), "start_acc": float(y[0]), "auc": auc(x, y),
+        "greedy": greedy.tolist(), "final_greedy": float(greedy[-1]),
+        "pass_k": k if has_avg else None,
+        "pass": [r[f"heldout_pass@{k}"] for r in evals] if has_avg else None,
+        "final_pass": float(evals[-1][f"heldout_pass@{k}"]) if has_avg else None,
+        "avg_se": [r.get(f"heldout_avg@{k}_se") for r in evals] if has_avg else None,
         "zero_signal_group_share": sum(r["zero_signal_groups"] for r in train) / groups,
         "zero_signal_rollout_share": sum(r["zero_signal_rollouts"] for r in train) / rollouts,
         "train_seconds": train[-1]["seconds"], "total_rollouts": train[-1]["rollouts"],
@@ -381,6 +419,25 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
                                                 for r in train if r["seen"] > 0] or [float("nan")])),
         "alpha_t": [r["alpha_t"] for r in train], "F_t": [r["F_t"] for r in train],
     }
+
+
+def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
+    """The runs as one table sees them: (runs, primary metric, note). All runs share the primary
+    metric, or all fall back to greedy accuracy (runs made without --eval-samples, such as the
+    greedy-only results committed before issue 19, or a mix): then "acc" is the greedy curve."""
+    metrics = {r.get("metric", "greedy") for r in runs}  # runs.jsonl before issue 19: greedy only
+    if len(metrics) == 1 and metrics != {"greedy"}:
+        return runs, metrics.pop(), None
+    note = ("note: the primary metric (held-out avg@k, --eval-samples) is missing from "
+            + ("these runs" if metrics == {"greedy"} else "some of these runs") + ": greedy accuracy instead")
+    view = []
+    for r in runs:
+        if r.get("metric", "greedy") != "greedy":
+            g = np.array(r["greedy"])
+            r = {**r, "metric": "greedy", "acc": r["greedy"], "final_acc": float(g[-1]), "start_acc": float(g[0]),
+                 "auc": auc(np.array(r["rollouts"]), g)}
+        view.append({**r, "final_greedy": None, "final_pass": None, "pass_k": None})
+    return view, "greedy", note
 
 
 # ----------------------------------------------------------------------------------------------
@@ -405,6 +462,9 @@ def min_detectable(sd: float, n: int) -> float:
     return (t_quantile(T975, n - 1, 1.960) + t_quantile(T80, n - 1, 0.842)) * sd / math.sqrt(n)
 
 
+SECONDARY = ("final_greedy", "final_pass")  # per-run keys of the secondary metrics
+
+
 def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict], list[dict]]:
     """Per arm: means over seeds; vs the baseline (paired by seed): differences with 95% CIs and
     the rollouts ratio to reach the baseline's mean final accuracy."""
@@ -412,6 +472,8 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
     for r in runs:
         by.setdefault(r["arm"], {})[r["seed"]] = r
     base = by.get(baseline, {})
+    # secondary metrics (greedy accuracy, pass@k beside a primary avg@k): where every run has them
+    secondary = [key for key in SECONDARY if runs and all(r.get(key) is not None for r in runs)]
     target = float(np.mean([r["final_acc"] for r in base.values()])) if base else float("nan")
     summary, diffs = [], []
     for arm, seeds in by.items():
@@ -419,6 +481,9 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
         row = {"type": "summary", "arm": arm, "seeds": sorted(seeds), "target_acc": target}
         for key in ("final_acc", "auc", "zero_signal_group_share", "zero_signal_rollout_share", "train_seconds",
                     "prompts_at_min_budget"):
+            vals = np.array([r[key] for r in mine], float)
+            row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
+        for key in secondary:
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
         reach = [rollouts_to_reach(np.array(r["rollouts"]), np.array(r["acc"]), target) for r in mine]
@@ -434,6 +499,8 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
             res = paired_t([seeds[s][key] - base[s][key] for s in common])
             d[key] = res
             d[f"{key}_min_detectable"] = min_detectable(res["sd"], res["n"])
+        for key in secondary:
+            d[key] = paired_t([seeds[s][key] - base[s][key] for s in common])
         # rollouts-to-target ratio, seed by seed; a run that never reaches the target has ratio inf
         ratios = []
         for s in common:
@@ -460,30 +527,69 @@ def _ci(d: dict) -> str:
     return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d["n"] > 1 else f"{d['mean']:+.3f}"
 
 
-def markdown_table(summary: list[dict], diffs: list[dict]) -> str:
+def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy", pass_k: int | None = None,
+                   footer: list[str] = ()) -> str:
+    """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
+    rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform)."""
+    name = "greedy acc" if metric == "greedy" else metric
     diff = {d["arm"]: d for d in diffs}
-    lines = ["| arm | final acc | AUC | final acc - uniform [95% CI] | AUC - uniform [95% CI] "
-             "| rollouts to uniform's final acc, ratio [95% CI] | zero-signal rollouts |",
-             "|---|---|---|---|---|---|---|"]
+    extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"))
+             if summary and f"{key}_mean" in summary[0]]
+    lines = [f"| arm | final {name} | AUC ({name}) | final {name} - uniform [95% CI] | AUC - uniform [95% CI] "
+             f"| rollouts to uniform's final {name}, ratio [95% CI] | "
+             + "".join(f"final {label} (- uniform [95% CI]) | " for _, label in extra) + "zero-signal rollouts |",
+             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|"]
     for s in summary:
         d = diff.get(s["arm"])
         if d is None:
             cells = ["(baseline)", "(baseline)", f"1 ({s['reached']} seeds reach {s['target_acc']:.3f})"]
+            cells += [f"{s[f'{key}_mean']:.3f} (baseline)" for key, _ in extra]
         else:
             r = d["rollout_ratio"]
             ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
                      if r["geo_mean"] is not None else f"never on {r.get('never', '?')}/{r['n']} seeds")
             cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
+            cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
         lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
                      f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | " + " | ".join(cells)
                      + f" | {s['zero_signal_rollout_share_mean']:.2f} |")
     mdes = [d["final_acc_min_detectable"] for d in diffs if math.isfinite(d["final_acc_min_detectable"])]
     if mdes:
-        lines.append(f"\nSmallest detectable difference in final accuracy (80% power, paired t, "
+        lines.append(f"\nSmallest detectable difference in final {name} (80% power, paired t, "
                      f"n = {diffs[0]['final_acc']['n']} seeds): {min(mdes):.3f} to {max(mdes):.3f} "
                      f"(AUC: {min(d['auc_min_detectable'] for d in diffs):.3f} to "
                      f"{max(d['auc_min_detectable'] for d in diffs):.3f}).")
+    lines += [("\n" if i == 0 else "") + f for i, f in enumerate(footer)]
     return "\n".join(lines)
+
+
+def evaluation_noise(runs: list[dict], metric: str, n: int | None) -> list[str]:
+    """Footer lines: the standard error of one evaluation over the held-out set. avg@k: the std of
+    the per-problem means / sqrt(n), as train.py logs it (`heldout_avg@k_se`); without that log only
+    bounds are known: between p(1-p)/(k n) (every problem equally hard) and p(1-p)/n (each problem
+    always or never solved). Greedy: exactly sqrt(p(1-p)/n), each problem being 0 or 1."""
+    if not runs or not n:
+        return []
+    lines = []
+    if metric != "greedy":
+        k = int(metric.split("@")[1])
+        ses = [v for r in runs for v in (r.get("avg_se") or []) if v is not None]
+        p = float(np.mean([r["final_acc"] for r in runs]))
+        if ses and all(r.get("avg_se") and None not in r["avg_se"] for r in runs):
+            lines.append(f"Standard error of one {metric} evaluation over the n = {n} held-out problems (std of "
+                         f"the per-problem means / sqrt(n), measured at every evaluation of every run): "
+                         f"{min(ses):.4f} to {max(ses):.4f}, median {float(np.median(ses)):.4f}.")
+        else:
+            lines.append(f"Standard error of one {metric} evaluation over the n = {n} held-out problems: not "
+                         f"logged by these runs; at the mean final {metric} p = {p:.3f} it lies between "
+                         f"sqrt(p(1-p)/({k}n)) = {math.sqrt(p * (1 - p) / (k * n)):.4f} (no between-problem "
+                         f"variance) and sqrt(p(1-p)/n) = {math.sqrt(p * (1 - p) / n):.4f}.")
+    key = "final_acc" if metric == "greedy" else "final_greedy"
+    if all(r.get(key) is not None for r in runs):
+        g = float(np.mean([r[key] for r in runs]))
+        lines.append(f"Standard error of one greedy evaluation (n = {n}, each problem 0 or 1): "
+                     f"sqrt(p(1-p)/n) = {math.sqrt(g * (1 - g) / n):.4f} at p = {g:.3f}.")
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -500,6 +606,12 @@ def parse_args(argv):
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 100; --quick: 6)")
     ap.add_argument("--eval-every", type=int, default=None,
                     help="held-out evaluation interval in steps (preset: 10; --quick: 3)")
+    ap.add_argument("--eval-samples", type=int, default=8,
+                    help="k: the primary metric is held-out avg@k (k samples at T=1.0, top-p 0.9; paper: avg@16); "
+                         "greedy accuracy and pass@k are secondary. 0: greedy only")
+    ap.add_argument("--model", default="toy",
+                    help="train.py's --model for every run (e.g. toy-strong); runs go to OUT/model-NAME/runs "
+                         "and tables to OUT/PRESET-NAME unless it is toy")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each (2 cores: 2)")
     ap.add_argument("--out", default="results", help="runs/ go here; tables and plots in OUT/PRESET")
     ap.add_argument("--quick", action="store_true", help="tiny, for tests: 2 seeds, 6 steps, small pool")
@@ -526,6 +638,8 @@ def parse_args(argv):
         ap.error(f"--jobs must be >= 1 (runs in parallel), got {args.jobs}")
     if args.steps < 1:
         ap.error(f"--steps must be >= 1 (RL steps per run), got {args.steps}")
+    if args.eval_samples < 0:
+        ap.error(f"--eval-samples must be >= 0 (0: greedy accuracy only), got {args.eval_samples}")
     if args.eval_every < 1:
         ap.error(f"--eval-every must be >= 1 (the curves need evaluations along training), got {args.eval_every}")
     out = Path(args.out)
@@ -536,22 +650,34 @@ def parse_args(argv):
         if taken:
             ap.error(f"{', '.join('--' + k.replace('_', '-') for k in taken)} would override what compare.py "
                      f"sets for each run: use {', '.join(dict.fromkeys(OWN_FLAGS[k] for k in taken))} instead")
-    args.table_dir = out / ("quick" if args.quick else args.preset)
+    tag = "" if args.model == "toy" else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", args.model).strip("_")
+    args.table_dir = out / (("quick" if args.quick else args.preset) + tag)
+    args.runs_out = out / f"model{tag}" if tag else out  # runs of another model never meet the toy's
     return args, train_flags
 
 
-def prepare_model(args) -> None:
-    """Build the toy model once here, not in two runs at a time."""
-    import toy
+def heldout_size(runs: list[dict], train_flags: list[str]) -> int | None:
+    """n, the held-out set's size: from the runs' logs, else the sweep's --eval-size flag."""
+    sizes = {r.get("heldout_n") for r in runs} - {None}
+    if len(sizes) == 1:
+        return sizes.pop()
+    last = [i for i, f in enumerate(train_flags[:-1]) if f == "--eval-size"]  # train.py takes the last
+    return int(train_flags[last[-1] + 1]) if last and not sizes else None
 
-    toy.ensure_toy_model()
+
+def prepare_model(args) -> None:
+    """Build the toy model once here, not in two runs at a time (other models: the runs load them)."""
+    if args.model == "toy":
+        import toy
+
+        toy.ensure_toy_model()
 
 
 def main(argv: list[str] | None = None) -> dict:
     args, train_flags = parse_args(argv)
-    out = Path(args.out)
-    extra = [*(QUICK_FLAGS if args.quick else REGIME), "--steps", str(args.steps),
-             "--eval-every", str(args.eval_every), *train_flags]
+    out = args.runs_out  # OUT, or OUT/model-NAME for another starting model
+    extra = [*(QUICK_FLAGS if args.quick else REGIME), "--steps", str(args.steps), "--eval-every",
+             str(args.eval_every), "--eval-samples", str(args.eval_samples), "--model", args.model, *train_flags]
     jobs = [(a, s) for s in args.seeds for a in args.arms]
     table_dir = args.table_dir
     store = load_store(table_dir)  # the per-run summaries already in PRESET/runs.jsonl
@@ -601,15 +727,19 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(store[(a, s)])
     table_dir.mkdir(parents=True, exist_ok=True)
     write_store(table_dir, store, jobs)
+    runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
     summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
     config = {"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
               "train_flags": extra, "arms": {a: ARMS[a] for a in args.arms}, "seeds": args.seeds,
-              "wall_seconds": round(wall, 1)}
+              "model": args.model, "wall_seconds": round(wall, 1)}
     if args.plots_only and old_config.get("type") == "config":
         config = {**old_config, "redrawn_by": config["argv"]}
+    config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
-    plots = plot_comparison(table_dir, runs)  # plots.py draws the figures
-    table = markdown_table(summary, diffs) if summary else "(no uniform runs: no table)"
+    plots = plot_comparison(table_dir, runs, metric)  # plots.py draws the figures
+    footer = evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
+    pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)
+    table = markdown_table(summary, diffs, metric, pass_k, footer) if summary else "(no uniform runs: no table)"
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
     missing = len(jobs) - len(runs)

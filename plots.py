@@ -211,8 +211,9 @@ def _band(ys: np.ndarray):
     return m, m - h, m + h
 
 
-def accuracy_bands(path: Path, runs: list[dict], colors: dict) -> Path:
-    """Held-out accuracy vs rollouts consumed: mean over seeds, 95% CI band."""
+def accuracy_bands(path: Path, runs: list[dict], colors: dict, name: str = "greedy accuracy") -> Path:
+    """Held-out accuracy (`name`: the table's primary metric) vs rollouts consumed: mean over seeds,
+    95% CI band."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.4))
     for arm in colors:
@@ -222,13 +223,14 @@ def accuracy_bands(path: Path, runs: list[dict], colors: dict) -> Path:
         x = np.array(mine[0]["rollouts"][:E])
         ax.plot(x, m, label=f"{arm} (n={len(mine)})", color=colors[arm])
         ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
-    ax.set(xlabel="rollouts consumed", ylabel="held-out greedy accuracy",
-           title="Equal rollout budget: accuracy vs rollouts (mean, 95% CI over seeds)")
+    ax.set(xlabel="rollouts consumed", ylabel=f"held-out {name}",
+           title=f"Equal rollout budget: {name} vs rollouts (mean, 95% CI over seeds)")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
-def difference_bands(path: Path, runs: list[dict], colors: dict, baseline: str = "uniform") -> Path | None:
+def difference_bands(path: Path, runs: list[dict], colors: dict, baseline: str = "uniform",
+                     name: str = "accuracy") -> Path | None:
     """Paired difference from the baseline along training (same seed), 95% CI band."""
     base = {r["seed"]: r for r in runs if r["arm"] == baseline}
     if not base:
@@ -246,8 +248,8 @@ def difference_bands(path: Path, runs: list[dict], colors: dict, baseline: str =
         ax.plot(x, m, label=arm, color=colors[arm])
         ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
     ax.axhline(0, color="k", lw=0.8)
-    ax.set(xlabel="rollouts consumed", ylabel=f"accuracy - {baseline} (same seed)",
-           title=f"Paired difference from {baseline} GRPO (mean, 95% CI)")
+    ax.set(xlabel="rollouts consumed", ylabel=f"{name} - {baseline} (same seed)",
+           title=f"Paired difference from {baseline} GRPO in {name} (mean, 95% CI)")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -309,15 +311,17 @@ def zero_signal_bars(path: Path, runs: list[dict], colors: dict) -> Path:
     return _save(fig, path)
 
 
-def plot_comparison(out: Path, runs: list[dict]) -> list[Path]:
+def plot_comparison(out: Path, runs: list[dict], metric: str = "greedy") -> list[Path]:
     """compare.py's figures into OUT: accuracy_vs_rollouts.png, difference_vs_uniform.png,
-    budget_vs_pass_rate.png, alpha_beta_failure.png, zero_signal.png (those that apply)."""
+    budget_vs_pass_rate.png, alpha_beta_failure.png, zero_signal.png (those that apply). The runs'
+    "acc" curves hold the table's primary metric (compare.table_view): avg@k, else greedy."""
+    name = "greedy accuracy" if metric == "greedy" else metric
     plt = _plt()
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(arms)}
     out = Path(out)
-    paths = [accuracy_bands(out / "accuracy_vs_rollouts.png", runs, colors),
-             difference_bands(out / "difference_vs_uniform.png", runs, colors),
+    paths = [accuracy_bands(out / "accuracy_vs_rollouts.png", runs, colors, name),
+             difference_bands(out / "difference_vs_uniform.png", runs, colors, name=name),
              budget_panels(out / "budget_vs_pass_rate.png", runs, colors),
              alpha_failure(out / "alpha_beta_failure.png", runs, colors),
              zero_signal_bars(out / "zero_signal.png", runs, colors)]

@@ -29,6 +29,13 @@ def test_quick_compare_writes_results_plots_and_resumes(tmp_path, toy_model_dir)
         assert r["total_rollouts"] == 6 * 32 and r["rollouts"][-1] == 6 * 32
         assert len(r["acc"]) == len(r["rollouts"]) == 3 and all(0 <= a <= 1 for a in r["acc"])
         assert 0 <= r["zero_signal_group_share"] <= 1
+        # issue 19: the primary metric is avg@8 (T 1.0, top-p 0.9); greedy and pass@8 ride along.
+        # Per problem the mean of 8 samples is <= their max, so avg@8 <= pass@8 at every evaluation;
+        # its logged SE (std of 32 per-problem means / sqrt(32)) is at most 0.5 * sqrt(32/31) / sqrt(32)
+        assert r["metric"] == "avg@8" and r["pass_k"] == 8 and r["heldout_n"] == 32
+        assert len(r["greedy"]) == len(r["pass"]) == len(r["avg_se"]) == 3
+        assert all(a <= p for a, p in zip(r["acc"], r["pass"])) and r["final_pass"] == r["pass"][-1]
+        assert all(0 <= se <= 0.5 / math.sqrt(31) for se in r["avg_se"])
     # paired by seed: same seed -> same start (same model, same held-out set) for every arm
     for s in (0, 1):
         assert len({r["start_acc"] for r in runs if r["seed"] == s}) == 1
@@ -42,7 +49,9 @@ def test_quick_compare_writes_results_plots_and_resumes(tmp_path, toy_model_dir)
     for name in ("accuracy_vs_rollouts", "difference_vs_uniform", "budget_vs_pass_rate", "alpha_beta_failure",
                  "zero_signal"):
         assert (table_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    assert "| coba+probe |" in (table_dir / "table.md").read_text()
+    table = (table_dir / "table.md").read_text()
+    assert "| coba+probe |" in table and "| final avg@8 |" in table and "final pass@8 (- uniform" in table
+    assert "Standard error of one avg@8 evaluation over the n = 32 held-out problems" in table
     # resumable: a second call finds every run finished and trains nothing
     logs = {p: p.read_text() for p in (tmp_path / "runs").glob("*/log.jsonl")}
     again = compare.main(["--quick", "--arms", *arms, "--seeds", "0", "1", "--out", str(tmp_path)])
@@ -169,8 +178,10 @@ if __name__ == "__main__":
     log = [{"type": "config", "step": -1, **c}]
     for step in range(steps + 1):
         if step % every == 0 or step == steps:
-            log.append({"type": "eval", "step": step, "rollouts": 8 * step,
-                        "heldout_acc": 0.1 + 0.01 * step + 0.001 * seed + shift})
+            acc, k = 0.1 + 0.01 * step + 0.001 * seed + shift, c.get("eval_samples", "0")
+            log.append({"type": "eval", "step": step, "rollouts": 8 * step, "heldout_acc": acc,
+                        **({f"heldout_avg@{k}": acc - 0.05, f"heldout_pass@{k}": acc + 0.2,
+                            f"heldout_avg@{k}_se": 0.01} if k != "0" else {})})
         if step < steps:
             log.append({"type": "train", "step": step + 1, "budgets": [2, 6], "seen": int(step > 0),
                         "pass_rates": [0.5, 0.25], "zero_signal_groups": 1, "zero_signal_rollouts": 2,
@@ -224,7 +235,10 @@ def test_plots_only_redraws_from_runs_jsonl_and_never_empties_results(tmp_path):
     rows = compare.read_jsonl(table_dir / "compare.jsonl")
     assert rows[0]["wall_seconds"] == config_before["wall_seconds"]  # the sweep's config, not the redraw's
     assert rows[0]["train_flags"] == config_before["train_flags"] and "redrawn_by" in rows[0]
-    assert "| coba+probe |" in (table_dir / "table.md").read_text()
+    table = (table_dir / "table.md").read_text()
+    assert "| coba+probe |" in table and "| final greedy acc |" in table  # greedy-only runs: greedy, said so
+    assert "primary metric (held-out avg@k, --eval-samples) is missing from these runs" in table
+    assert "sqrt(p(1-p)/n) = " in table  # n = 1024 from the sweep's --eval-size
     assert (table_dir / "zero_signal.png").read_bytes()[:4] == b"\x89PNG"
     # a redraw of fewer runs than the table reports is refused, and changes nothing
     table = (table_dir / "table.md").read_text()
@@ -306,3 +320,41 @@ def test_ctrl_c_stops_the_queue_and_passes_it_on_to_the_runs(tmp_path, fake_trai
     assert sorted(p.parent.name for p in (tmp_path / "runs").glob("*/got-sigint")) == started()
     assert not (tmp_path / "runs" / "uniform-seed1").exists() and not (tmp_path / "runs" / "coba-seed1").exists()
     assert "2 stopped at their last checkpoint, 2 not started; run the same command again to resume" in err
+
+
+def test_primary_metric_secondaries_and_evaluation_noise_by_hand():
+    """Issue 19: avg@8 primary, greedy and pass@8 secondary; greedy-only runs (the committed results)
+    and a mix fall back to greedy with a note; the footer's standard errors by hand."""
+    def run(arm, seed, avg, greedy, passk, se=0.01):
+        x = [0.0, 100.0]
+        return {"arm": arm, "seed": seed, "metric": "avg@8", "heldout_n": 100, "rollouts": x, "acc": avg,
+                "final_acc": avg[-1], "start_acc": avg[0], "auc": compare.auc(np.array(x), np.array(avg)),
+                "greedy": greedy, "final_greedy": greedy[-1], "pass_k": 8, "pass": passk, "final_pass": passk[-1],
+                "avg_se": [se, se], "zero_signal_group_share": 0, "zero_signal_rollout_share": 0,
+                "train_seconds": 1, "prompts_at_min_budget": 0}
+
+    runs = [run("uniform", 0, [0.2, 0.3], [0.3, 0.4], [0.5, 0.6]), run("uniform", 1, [0.2, 0.3], [0.3, 0.4], [0.5, 0.6]),
+            run("coba", 0, [0.2, 0.4], [0.3, 0.3], [0.5, 0.7]), run("coba", 1, [0.2, 0.2], [0.3, 0.5], [0.5, 0.7], 0.02)]
+    view, metric, note = compare.table_view(runs)
+    assert (metric, note) == ("avg@8", None) and view == runs
+    summary, diffs = compare.compare_arms(view)
+    d = diffs[0]
+    assert d["final_acc"]["mean"] == pytest.approx(0.0)  # avg@8: +0.1 and -0.1
+    assert d["final_greedy"]["mean"] == pytest.approx(0.0) and d["final_pass"]["mean"] == pytest.approx(0.1)
+    footer = compare.evaluation_noise(view, metric, 100)
+    assert "0.0100 to 0.0200, median 0.0100" in footer[0]
+    # greedy at p = mean final greedy 0.4: sqrt(0.4 * 0.6 / 100) = 0.0490
+    assert "sqrt(p(1-p)/n) = 0.0490 at p = 0.400" in footer[1]
+    table = compare.markdown_table(summary, diffs, metric, 8, footer)
+    assert "| coba | 0.300 ± 0.100 |" in table and "| 0.400 (" in table and "| 0.700 (+0.100 [+0.100, +0.100]) |" in table
+    # without the logged SE: the bounds at p = 0.3 (mean final avg@8), n = 100, k = 8
+    bounds = compare.evaluation_noise([{**r, "avg_se": None} for r in view], metric, 100)[0]
+    assert f"{math.sqrt(0.21 / 800):.4f}" in bounds and f"{math.sqrt(0.21 / 100):.4f}" in bounds
+    # a greedy-only run among them (runs.jsonl before issue 19): every run falls back to greedy
+    old = {k: v for k, v in runs[0].items() if k not in ("metric", "greedy", "final_greedy", "pass", "final_pass",
+                                                         "pass_k", "avg_se")}
+    old.update(acc=[0.3, 0.4], final_acc=0.4, start_acc=0.3)
+    view, metric, note = compare.table_view([old] + runs[1:])
+    assert metric == "greedy" and "missing from some of these runs" in note
+    assert [r["final_acc"] for r in view] == [0.4, 0.4, 0.3, 0.5]
+    assert all(r["final_greedy"] is None and r["final_pass"] is None for r in view)
