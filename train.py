@@ -572,11 +572,17 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     as in the paper's Table 1 'Avg.' column; eval_seconds, what the evaluation cost."""
     t0 = time.time()
     record = {"type": "eval", "step": step, "rollouts": run.counters["rollouts"], **(extra or {})}
-    for name, records in run.eval_sets.items():
-        with run.amp():
-            results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
-        for key, value in results.items():
-            record[f"{name}_{key}"] = value
+    # Evaluation samples (avg@k) from its own RNG, seeded the same at every evaluation, and leaves the
+    # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
+    # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
+    # model, not by the sampling noise (common random numbers).
+    with torch.random.fork_rng(devices=[run.model.device] if run.model.device.type == "cuda" else []):
+        torch.manual_seed(run.args.seed)
+        for name, records in run.eval_sets.items():
+            with run.amp():
+                results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
+            for key, value in results.items():
+                record[f"{name}_{key}"] = value
     k = run.args.eval_samples
     benchmarks = [name for name in run.eval_sets if name != "heldout"]
     if benchmarks:

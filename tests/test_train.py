@@ -147,3 +147,21 @@ def test_avg_at_k_and_pass_at_k_are_logged(tmp_path, toy_model_dir):
             assert summary[f"{key}_{when}"] == r[key]
     step = next(r for r in read_log(tmp_path) if r["type"] == "train")
     assert (step["alpha_t"], step["beta_t"]) == (10.0, 1.0)  # linear-decay starts at alpha = kappa - 1
+
+
+def test_evaluation_does_not_change_the_training_rollouts(tmp_path, toy_model_dir):
+    """Sampled evaluation (avg@k) draws from its own RNG: the same seed gives the same rollouts,
+    rewards and budgets whether or not, and how often, the run evaluates with samples. Two evaluations
+    of one model also draw the same samples (common random numbers)."""
+    def train_records(name, *flags):
+        train.main(SMALL + ["--steps", "3", "--allocator", "coba", "--output-dir", str(tmp_path / name), *flags])
+        log = read_log(tmp_path / name)
+        return [(r["reward"], r["budgets"], r["group_reward"]) for r in log if r["type"] == "train"], log
+
+    plain, _ = train_records("plain", "--eval-samples", "0")
+    sampled, log = train_records("sampled", "--eval-samples", "4", "--eval-every", "1")
+    assert plain == sampled
+    # evaluating an unchanged model twice gives the same avg@k: --learning-rate 0 keeps the weights
+    _, frozen = train_records("frozen", "--eval-samples", "4", "--learning-rate", "0")
+    evals = [r for r in frozen if r["type"] == "eval"]
+    assert evals[0]["heldout_avg@4"] == evals[-1]["heldout_avg@4"]
