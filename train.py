@@ -21,7 +21,7 @@ The paper's setting, on one GPU:
     python train.py --model Qwen2.5-1.5B --dataset math --use-vllm
 rl_step below is that one step; --probe (ours, not the paper) is probe_then_allocate. Kept out of
 this file: reading and checking data files (data.py), and what makes a run safe to stop and resume:
-atomic checkpoints, the run lock, --resume's flag check, Ctrl-C (checkpoint.py).
+atomic checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
 Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts, dynamic sampling.
 Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm) and
 tests/test_arms.py (knapsack, coba-released, --probe); crashes, NaNs, a second run and bad data
@@ -49,10 +49,12 @@ import plots
 import toy
 import tracking
 import verify
-from checkpoint import (GracefulInterrupt, RunLock, checkpoint_step, find_checkpoint, load_checkpoint,
-                        prepare_run_dir, read_log, run_config, save_checkpoint, truncate_log)
-from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, fit_prompt_length, format_prompt, load_data
-from models import MODEL_ALIASES, load_model_and_tokenizer
+from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
+                        load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
+                        save_checkpoint, truncate_log)  # load_checkpoint: tests call train.load_checkpoint
+from data import (BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template, data_identity, fit_prompt_length,
+                  format_prompt, load_data)
+from models import MODEL_ALIASES, identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
 
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
@@ -219,7 +221,8 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="continue from the newest complete OUTPUT_DIR/checkpoint-<step> (same flags, "
                         "except those in RESUME_MAY_CHANGE; a larger --steps extends a finished run)")
     g.add_argument("--overwrite", action="store_true",
-                   help="delete the run already in OUTPUT_DIR (log, checkpoints) and start afresh")
+                   help="replace the run already in OUTPUT_DIR: its log and checkpoint-<N> directories are "
+                   "deleted once the new run's data and model have loaded (nothing else is)")
     g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
     g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
@@ -252,6 +255,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     if args.eval_only and args.resume:
         ap.error("--eval-only trains nothing, so there is nothing to --resume: pass --model CHECKPOINT_DIR "
                  "to evaluate a checkpoint")
+    check_prompt_template(args.prompt_template)
     if args.device is not None:  # fail here, not in the first .to(device) minutes later
         try:
             device = torch.device(args.device)
@@ -264,6 +268,8 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
             ap.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         if device.type not in ("cpu", "cuda"):
             ap.error(f"--device {args.device}: use cpu or cuda")
+    if args.bf16 is None:  # recorded resolved, so a --resume on another device cannot switch it silently
+        args.bf16 = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     M, G = args.prompts_per_step, args.num_generations
     if args.total_budget is None:
         args.total_budget = M * G
@@ -530,8 +536,19 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     torch.manual_seed(args.seed)
     data_counts = {"skipped_rows": 0, "skipped_long_prompts": 0}  # logged in the config line
     train_set, eval_sets = load_data(args, data_counts)
+    saved = {}  # the resumed run's recorded flags and identities
+    if resume_from is not None:
+        with contextlib.suppress(OSError, ValueError):  # unreadable: resume_checkpoint names the damage
+            saved = json.loads((resume_from / "run_config.json").read_text())
+    # Recorded in the config line and every checkpoint; --resume refuses other data or another model.
+    args.data_identity = data_identity(args, train_set, eval_sets)
+    check_identity({"data_identity": saved.get("data_identity")}, args, resume_from)
     # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
     model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+    args.model_identity = identity_for(args, model, model_path)
+    check_identity({"model_identity": saved.get("model_identity")}, args, resume_from)
+    if args.overwrite:  # only now, with data and model loaded: a typo in either leaves the old run whole
+        remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     ref_model = None
@@ -550,7 +567,8 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
               train_set, eval_sets, device, amp, counters={"rollouts": 0, "seconds": 0.0})
     start, log_path = 0, out / "log.jsonl"
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
-        start, run.counters = load_checkpoint(resume_from, model, optimizer, scheduler, tracker, run.sampler)
+        # the newest checkpoint that loads: a damaged one is set aside with a warning
+        resume_from, start, run.counters = resume_checkpoint(out, model, optimizer, scheduler, tracker, run.sampler)
         truncate_log(log_path, start, keep_summary=start >= args.steps)
         if run.generator is not None:
             run.generator.sync_weights(model)
@@ -559,6 +577,10 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
         log_path.write_text("")
     run.log = log_path.open("a")
     run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args))
+    if start > 0:  # which settings made the steps from here on: --steps, speed flags may have changed
+        saved = json.loads((resume_from / "run_config.json").read_text())
+        run.write({"type": "resume", "step": start, "checkpoint": resume_from.name,
+                   "changed": changed_flags(saved, args)})
     if start == 0:
         run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
                    "device": str(device), "train_size": len(train_set), **data_counts})
@@ -576,7 +598,7 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
     # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
     # model, not by the sampling noise (common random numbers).
-    with torch.random.fork_rng(devices=[run.model.device] if run.model.device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
         torch.manual_seed(run.args.seed)
         for name, records in run.eval_sets.items():
             with run.amp():
@@ -770,10 +792,10 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             if done % args.save_every == 0 or done == args.steps or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
                                         run.tracker, run.sampler, args, run.counters)
-            if interrupt.requested:
+            if interrupt.requested:  # main exits 130 (Ctrl-C) or 143 (SIGTERM): the run did not finish
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 run.log.close()
-                return {"interrupted": True, "step": done}
+                return {"interrupted": True, "step": done, "exit_code": interrupt.exit_code}
     # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
     evals = [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"]
     final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(run, args.steps)
@@ -872,6 +894,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.eval_only:
         return eval_only(args)
     summary = train(args)
+    if summary.get("interrupted"):  # after its checkpoint: exit as a process stopped by the signal would
+        raise SystemExit(summary["exit_code"])
     line = closing_line(summary, args.eval_samples)
     if line is not None:
         print(f"{line} after {summary['rollouts']} rollouts; wall time {time.time() - t0:.0f} s; log: "

@@ -221,7 +221,7 @@ def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
     monkeypatch.setattr(train, "evaluate", lambda model, tok, records, args, gen: {
         "acc": fixed[records[0]["name"]], "avg@4": fixed[records[0]["name"]] / 2})
     written = []
-    run = train.Run(train.argparse.Namespace(eval_samples=4), None, None, None, None, None, None, None, None,
+    run = train.Run(train.argparse.Namespace(eval_samples=4, seed=0), None, None, None, None, None, None, None, None,
                     None, [], {name: [{"name": name}] for name in fixed}, None, train.contextlib.nullcontext,
                     counters={"rollouts": 7, "seconds": 0.0})
     run.write = written.append

@@ -85,10 +85,11 @@ class Crash(Exception):
 
 def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpoint(tmp_path, toy_model_dir,
                                                                                       monkeypatch):
-    """Save step 1, then crash the step-2 save after its k-th file operation, for every k. Each time
-    the newest complete checkpoint is step 1 (weights w1) or step 2 (weights w2), it loads, and the
-    next save cleans up after the crash. An exception stands in for kill -9: save_checkpoint has no
-    try/finally, so nothing runs after the crash point either way."""
+    """Save steps 1 and 2, then crash the step-3 save after its k-th file operation, for every k
+    (it first deletes checkpoint-1, keeping checkpoint-2 until the next save: checkpoint.KEEP = 2).
+    Each time the newest complete checkpoint is step 2 (weights w2) or step 3 (weights w3), it loads,
+    and the next save cleans up after the crash. An exception stands in for kill -9: Crash is no
+    OSError, so save_checkpoint's disk-error handling lets it through, and nothing runs after the crash point."""
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(SMALL + ["--output-dir", str(tmp_path)]), ap)
     model, tokenizer, _ = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
@@ -107,11 +108,13 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
     pristine = tmp_path / "pristine"
     pristine.mkdir()
     save(pristine, 1)
+    save(pristine, 2)
+    assert sorted(p.name for p in pristine.iterdir()) == ["checkpoint-1", "checkpoint-2"]
     points = []  # the file operations of a save that replaces an older checkpoint, in order
     monkeypatch.setattr(checkpoint, "_save_step_done", points.append)
-    save(shutil.copytree(pristine, tmp_path / "count"), 2)
-    assert points == ["clear tmp", "model", "tokenizer", "run_config", "trainer_state", "sync files", "marker",
-                      "rename", "sync dir", "unmark checkpoint-1", "delete checkpoint-1"]
+    save(shutil.copytree(pristine, tmp_path / "count"), 3)
+    assert points == ["unmark checkpoint-1", "delete checkpoint-1", "model", "tokenizer", "run_config",
+                      "trainer_state", "sync files", "marker", "rename", "sync dir"]
     for k in range(len(points)):
         out = shutil.copytree(pristine, tmp_path / f"crash{k}")
         calls = []
@@ -123,19 +126,19 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
 
         monkeypatch.setattr(checkpoint, "_save_step_done", crash_at_k)
         with pytest.raises(Crash):
-            save(out, 2)
+            save(out, 3)
         monkeypatch.setattr(checkpoint, "_save_step_done", lambda what: None)
         found = train.find_checkpoint(out)
         step = train.checkpoint_step(found)
-        assert step == (2 if k >= points.index("rename") else 1), (k, points[k])
+        assert step == (3 if k >= points.index("rename") else 2), (k, points[k])
         with torch.no_grad():
             first.fill_(-1.0)
         loaded_step, counters = train.load_checkpoint(found, *objects[:1], *objects[2:6])
         assert loaded_step == step and counters["rollouts"] == 32 * step
         assert float(first.detach().flatten()[0]) == step
         assert train.prepare_run_dir(out, argparse_like(args, resume=True)) == found
-        save(out, 3)  # the next save works and leaves one checkpoint, no debris
-        assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3"]
+        save(out, 4)  # the next save works and leaves the newest two checkpoints, no debris
+        assert sorted(p.name for p in out.iterdir()) == [found.name, "checkpoint-4"]
 
 
 def argparse_like(args, **changes):
@@ -166,7 +169,7 @@ def test_crash_between_renames_of_a_save_then_resume_continues(tmp_path, toy_mod
     train.main(args + ["--resume"])
     assert f"resumed from {tmp_path / 'checkpoint-1'} at step 1" in capsys.readouterr().out
     assert steps_of(tmp_path) == [1, 2, 3]
-    assert [p.name for p in tmp_path.glob("checkpoint*")] == ["checkpoint-3"]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint*")) == ["checkpoint-2", "checkpoint-3"]  # KEEP = 2
 
 
 # ---------------------------------------------------------------------------------------------
