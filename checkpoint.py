@@ -46,7 +46,8 @@ COMPLETE = "COMPLETE"  # written last into a checkpoint: a directory without it 
 # memory knobs that leave the algorithm alone. Every other flag must match the saved run.
 RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress", "save_every", "eval_every",
                      "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
-                     "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+                     "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "shared_prompt_forward",
+                     "sampler_logps", "shared_prompt_prefill")
 
 
 def run_config(args) -> dict:
