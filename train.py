@@ -662,7 +662,8 @@ def rl_step(run: Run, step: int) -> dict:
              "completion_mask": cmask.to(run.device), "advantages": advantages.to(run.device)}
     sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T); None: HF without --sampler-logps
     if sampler_logps is not None:  # vLLM's: for the gap and IS; HF generate's own: the old policy's log-probs
-        batch["sampler_logps" if run.generator is not None else "old_logps"] = sampler_logps.to(run.device)
+        hf_own = run.generator is None and args.sampler_logps
+        batch["old_logps" if hf_own else "sampler_logps"] = sampler_logps.to(run.device)
     metrics = policy_update(run.model, run.optimizer, run.scheduler, batch, args, run.ref_model,
                             gen_seed=args.seed * 1_000_003 + step, autocast=run.amp)
     stop_if_nonfinite(run, step, metrics)
