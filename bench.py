@@ -50,11 +50,11 @@ ARMS = {  # name -> (sampler_logps, shared_prompt_forward, shared_prompt_prefill
 }
 
 SHAPES = {  # M prompts, G rollouts each, T new tokens, micro-batch, prompt length (random models)
-    "toy": dict(M=32, G=8, T=8, micro=512, prompt_len=None, lr=2e-4),
-    "real-small": dict(M=2, G=16, T=128, micro=8, prompt_len=256, lr=1e-6,
+    "toy": dict(M=32, G=8, T=8, micro=512, prompt_len=None, lr=2e-4, repeats=3, steps=3),
+    "real-small": dict(M=2, G=16, T=128, micro=8, prompt_len=256, lr=1e-6, repeats=2, steps=1,
                        config=dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)),
-    "real": dict(M=4, G=16, T=256, micro=8, prompt_len=384, lr=1e-6, config={}),
+    "real": dict(M=4, G=16, T=256, micro=8, prompt_len=384, lr=1e-6, repeats=2, steps=1, config={}),
 }
 
 
@@ -158,6 +158,10 @@ def step(opts) -> dict:
     torch.set_num_threads(opts.threads)
     device = torch.device(opts.device)
     spec = SHAPES[opts.shape]
+    opts.repeats = opts.repeats or spec["repeats"]
+    opts.steps = opts.steps or spec["steps"]
+    if opts.repeats < 1 or opts.steps < 1:
+        raise SystemExit("error: --repeats and --steps must be >= 1")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda: no CUDA device here: use --device cpu")
     model, tok, pool, answers_pool, rewards_fn = build(opts.shape, device)
@@ -200,19 +204,18 @@ def step(opts) -> dict:
         loads.append(os.getloadavg()[0])
     if trl:
         trl.close()
-    base = statistics.median(times["plain"]) if "plain" in times else None
-    trl_rate = statistics.median(times["TRL GRPOTrainer"]) if trl else None
+    def paired(a, ref):  # median over repeats of the ratio within one round: load drifts cancel
+        return f"{statistics.median(x / y for x, y in zip(times[a], times[ref])):.2f}" if ref in times else "-"
     print(f"shape {opts.shape}: M = {M}, G = {spec['G']}, {spec['T']} new tokens, 2 mini-batches, micro-batch "
           f"{spec['micro']}, {opts.threads} thread(s), {opts.device}; {opts.steps} step(s) per sample, median of "
           f"{opts.repeats} interleaved samples; 1-min load average during the run {min(loads):.1f}-{max(loads):.1f}")
+    print("x plain, x TRL: median over rounds of the ratio to that arm measured in the same round")
     print(f"{'arm':<24}{'rollouts/s':>12}{'min':>9}{'max':>9}{'x plain':>9}{'x TRL':>8}")
     table = {}
     for a, rates in times.items():
-        med = statistics.median(rates)
-        table[a] = med
-        vs_plain = f"{med / base:.2f}" if base else "-"
-        vs_trl = f"{med / trl_rate:.2f}" if trl_rate else "-"
-        print(f"{a:<24}{med:>12.1f}{min(rates):>9.1f}{max(rates):>9.1f}{vs_plain:>9}{vs_trl:>8}")
+        table[a] = statistics.median(rates)
+        print(f"{a:<24}{table[a]:>12.1f}{min(rates):>9.1f}{max(rates):>9.1f}{paired(a, 'plain'):>9}"
+              f"{paired(a, 'TRL GRPOTrainer'):>8}")
     if opts.shape != "toy":
         print(paper_shares(model.config, spec, pool[:M]))
     return table
@@ -224,10 +227,11 @@ def paper_shares(config, spec, prompts) -> str:
     M, G, T = spec["M"], spec["G"], spec["T"]
     P = sum(map(len, prompts)) / len(prompts)
     N = M * G
-    # distinct prompts per micro-batch: a mini-batch of N/2 random rows sorted by prompt, split in
-    # micro-batches; expected distinct prompts per micro-batch ~ (rows/micro + 1) per prompt boundary
-    micro = min(spec["micro"], N // 2)
-    per_micro = min(micro, 1 + micro * M / (N / 2)) if micro < N // 2 else M
+    # distinct prompts per micro-batch: a mini-batch is n = N/2 random rows sorted by prompt (~M
+    # prompt runs); a window of `micro` sorted rows crosses ~(micro - 1)(M - 1)/(n - 1) run boundaries
+    n = N // 2
+    micro = min(spec["micro"], n)
+    per_micro = 1 + (micro - 1) * (M - 1) / max(n - 1, 1)
     loss_saving = (1 - per_micro / micro) * P / (P + T)
     prefill_saving = (1 - 1 / G) * P / (P + T)
     return (f"on paper: prompt {P:.0f} tokens, completion {T}, G = {G}: prompts are {P / (P + T):.0%} of the "
@@ -305,8 +309,9 @@ def main(argv=None):
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("--shape", choices=list(SHAPES), default="toy")
     s.add_argument("--device", default="cpu", help="cpu, or cuda for --shape real")
-    s.add_argument("--repeats", type=int, default=3, help="timed samples per arm (median), after one warm-up")
-    s.add_argument("--steps", type=int, default=3, help="steps per timed sample")
+    s.add_argument("--repeats", type=int, default=None,
+                   help="timed samples per arm (median), after one warm-up (toy 3, real shapes 2)")
+    s.add_argument("--steps", type=int, default=None, help="steps per timed sample (toy 3, real shapes 1)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     s.add_argument("--arms", nargs="*", choices=list(ARMS), default=None, help="project arms (default: all)")
     s.add_argument("--trl-python", default=None, metavar="PYTHON",
@@ -318,10 +323,6 @@ def main(argv=None):
     w.add_argument("--samples", type=int, default=4)
     w.set_defaults(func=trl_worker)
     opts = ap.parse_args(argv)
-    if getattr(opts, "repeats", 1) < 1 or opts.steps < 1:
-        ap.error("--repeats and --steps must be >= 1")
-    if opts.command == "step" and opts.device.startswith("cuda") and opts.shape != "real":
-        print("note: --device cuda with a CPU shape", file=sys.stderr)
     return opts.func(opts)
 
 
