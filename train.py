@@ -191,11 +191,22 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--optim", choices=["adamw", "adamw8bit"], default="adamw",
                    help="adamw8bit: bitsandbytes' 8-bit AdamW (GPU, if installed): ~6 bytes/param less")
     g.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (memory)")
+    g.add_argument("--shared-prompt-forward", action=argparse.BooleanOptionalAction, default=None,
+                   help="speed, same loss up to float rounding: the loss forward runs each distinct prompt of a "
+                        "micro-batch once and its completions on its KV cache (grpo.per_token_logps_shared_prompt; "
+                        "default: on, off with --gradient-checkpointing)")
+    g.add_argument("--sampler-logps", action=argparse.BooleanOptionalAction, default=True,
+                   help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
+                        "(rollout.SampledTokenLogps) and serve as the old policy's log-probs, instead of a "
+                        "no-grad forward over all rows (--use-vllm keeps its own no-grad pass)")
     g = ap.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper 1.0)")
     g.add_argument("--top-p", type=float, default=1.0, help="rollout nucleus sampling")
     g.add_argument("--max-completion-length", type=int, default=None, help="max new tokens (toy 8)")
     g.add_argument("--generation-batch-size", type=int, default=None, help="rows per generate call")
+    g.add_argument("--shared-prompt-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="speed, same tokens at the same seed: HF generate prefills each distinct prompt of a "
+                        "generation batch once (rollout.prefill_distinct_prompts)")
     g.add_argument("--last-number-fallback", action=argparse.BooleanOptionalAction, default=None,
                    help="verifier: take the last number when no \\boxed{} / #### / 'answer is' (toy: on)")
     g.add_argument("--use-vllm", action="store_true", help="generate with vLLM (GPU; colocated)")
@@ -256,6 +267,10 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
         ap.error("--eval-only trains nothing, so there is nothing to --resume: pass --model CHECKPOINT_DIR "
                  "to evaluate a checkpoint")
     check_prompt_template(args.prompt_template)
+    if args.shared_prompt_forward is None:
+        args.shared_prompt_forward = not args.gradient_checkpointing
+    elif args.shared_prompt_forward and args.gradient_checkpointing:  # checkpointed layers drop the KV cache
+        ap.error("--shared-prompt-forward needs the KV cache, which --gradient-checkpointing turns off: drop one")
     if args.device is not None:  # fail here, not in the first .to(device) minutes later
         try:
             device = torch.device(args.device)
@@ -391,22 +406,34 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
 def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
                   autocast=contextlib.nullcontext) -> dict:
     """GRPO on one step's rollouts: `num_mini_batches` optimizer steps over a shuffled split of the
-    N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics."""
+    N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
+
+    Two speed-ups, each the plain computation up to float rounding (tests/test_speed.py):
+    - batch["old_logps"] (HF rollouts with --sampler-logps): generation's own log pi(o_t), under
+      the same weights, replace the no-grad forward over all N rows. The first mini-batch needs no
+      old log-probs at all: the policy has not moved yet, so its own detached forward is pi_old
+      (ratio exactly 1, as in the one-mini-batch case).
+    - --shared-prompt-forward: every forward runs each distinct prompt once per micro-batch
+      (grpo.per_token_logps_shared_prompt); a mini-batch's rows are sorted by prompt first, so a
+      prompt's rows share micro-batches (the mini-batch, hence its gradient sum, is unchanged)."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
     sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
     cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
     N, T = cmask.shape
+    shared = getattr(args, "shared_prompt_forward", False)
+    logps_fn = grpo.per_token_logps_shared_prompt if shared else grpo.per_token_logps
 
     def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
         with autocast():
-            return grpo.per_token_logps(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
+            return logps_fn(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
 
     rows_all = torch.arange(N)
     micro = args.micro_batch_size
-    old_logps = ref_logps = None
+    old_logps, ref_logps = batch.get("old_logps"), None  # (N, T) generation's log-probs, or None
+    own_first = old_logps is not None  # the first mini-batch takes its own detached forward as pi_old
     with torch.no_grad():
         # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
-        if args.num_mini_batches > 1:
+        if args.num_mini_batches > 1 and old_logps is None:
             old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
         if ref_model is not None:
             ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
@@ -414,13 +441,15 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(gen_seed))
     sums: dict[str, float] = {}
     gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
-    for chunk in torch.chunk(perm, min(args.num_mini_batches, N)):
+    for k, chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N))):
+        if shared:  # rows are prompt-major: sorted, a prompt's rows are adjacent, so share micro-batches
+            chunk = chunk.sort().values
         # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
         normalizer = float(cmask[chunk].sum()) if args.loss_type == "dapo" else float(len(chunk))
         for s in range(0, len(chunk), micro):
             rows = chunk[s:s + micro]
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
-            old = logps.detach() if old_logps is None else old_logps[rows]
+            old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
             is_weights = None
             if sampler_logps is not None:  # the trainer's log-probs at rollout time vs the sampler's
                 m = cmask[rows].bool()
@@ -624,7 +653,8 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
             run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
             temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
             generator=run.generator, seed=2 * (args.seed * 1_000_003 + roll.step) + round_,
-            logprobs_out=roll.sampler_lps.setdefault(round_, []))
+            logprobs_out=roll.sampler_lps.setdefault(round_, []), hf_logprobs=args.sampler_logps,
+            share_prompt_prefill=args.shared_prompt_prefill)
     roll.gen_seconds += time.time() - t_gen
     answers = [a for a, B in zip(roll.answers_m, budgets) for _ in range(B)]
     return completions, verify.rewards(decode(run.tokenizer, completions), answers,
@@ -708,9 +738,10 @@ def rl_step(run: Run, step: int) -> dict:
                                run.tokenizer.pad_token_id)
     batch = {"input_ids": ids.to(run.device), "attention_mask": attn.to(run.device),
              "completion_mask": cmask.to(run.device), "advantages": advantages.to(run.device)}
-    sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T), None on the HF path
-    if sampler_logps is not None:
-        batch["sampler_logps"] = sampler_logps.to(run.device)
+    sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T); None: HF without --sampler-logps
+    if sampler_logps is not None:  # vLLM's: for the gap and IS; HF generate's own: the old policy's log-probs
+        hf_own = run.generator is None and args.sampler_logps
+        batch["old_logps" if hf_own else "sampler_logps"] = sampler_logps.to(run.device)
     metrics = policy_update(run.model, run.optimizer, run.scheduler, batch, args, run.ref_model,
                             gen_seed=args.seed * 1_000_003 + step, autocast=run.amp)
     stop_if_nonfinite(run, step, metrics)

@@ -192,12 +192,14 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
         opt.register_step_pre_hook(before_step)
         return opt
 
-    def per_token_logps(model, input_ids, attention_mask, *a, **kw):
-        out = real_logps(model, input_ids, attention_mask, *a, **kw)
-        if torch.is_grad_enabled():  # the policy's forward passes (not the no-grad old/ref ones)
-            rec["policy_fwd"].append({"opt_steps": len(rec["opt"]), "ids": input_ids.clone(),
-                                      "attn": attention_mask.clone()})
-        return out
+    def spy(real):  # per_token_logps, or its --shared-prompt-forward twin (the default)
+        def per_token_logps(model, input_ids, attention_mask, *a, **kw):
+            out = real(model, input_ids, attention_mask, *a, **kw)
+            if torch.is_grad_enabled():  # the policy's forward passes (not the no-grad old/ref ones)
+                rec["policy_fwd"].append({"opt_steps": len(rec["opt"]), "ids": input_ids.clone(),
+                                          "attn": attention_mask.clone()})
+            return out
+        return per_token_logps
 
     def policy_update(model, optimizer, scheduler, batch, args, *a, **kw):
         rec["update"].append({"batch": {k: v.clone() for k, v in batch.items()}, "args": args,
@@ -209,7 +211,8 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
     monkeypatch.setattr(train.allocate, "allocate_budgets", allocate_budgets)
     monkeypatch.setattr(coba.CapabilityTracker, "update", tracker_update)
     monkeypatch.setattr(train.grpo, "group_advantages", group_advantages)
-    monkeypatch.setattr(train.grpo, "per_token_logps", per_token_logps)
+    monkeypatch.setattr(train.grpo, "per_token_logps", spy(real_logps))
+    monkeypatch.setattr(train.grpo, "per_token_logps_shared_prompt", spy(train.grpo.per_token_logps_shared_prompt))
     monkeypatch.setattr(train, "make_optimizer", make_optimizer)
     monkeypatch.setattr(train, "policy_update", policy_update)
     ap = train.build_parser()
@@ -415,7 +418,8 @@ def test_golden_step(tmp_path, toy_model_dir, monkeypatch, mini_batches, micro):
     ["--loss-type", "dr_grpo", "--no-std-scaling", "--tau", "6.0", "--solver", "threshold"],
     ["--beta", "0.1", "--max-grad-norm", "0.5"],
     ["--probe", "--allocator", "knapsack", "--failure-window", "2"],
-    ["--vllm-importance-sampling-cap", "1.5"],
+    # the stand-in sampler's log-probs play vLLM's: not HF generate's own (--sampler-logps)
+    ["--vllm-importance-sampling-cap", "1.5", "--no-sampler-logps"],
     # Knapsack-RL's p_hat reads the last 16 rewards in order: enough visits that the cut splits one
     ["--allocator", "knapsack", "--steps", "6", "--max-budget", "16"],
 ], ids=["grpo-loss", "dr_grpo-loss", "kl-clip", "probe-knapsack", "tis", "knapsack-6-steps"])
