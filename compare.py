@@ -605,7 +605,7 @@ def parse_args(argv):
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override the preset's seeds (paired)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (preset: 100; --quick: 6)")
     ap.add_argument("--eval-every", type=int, default=None,
-                    help="held-out evaluation interval in steps (preset: 10; --quick: 3)")
+                    help="held-out evaluation interval in steps (preset: 25; --quick: 3)")
     ap.add_argument("--eval-samples", type=int, default=8,
                     help="k: the primary metric is held-out avg@k (k samples at T=1.0, top-p 0.9; paper: avg@16); "
                          "greedy accuracy and pass@k are secondary. 0: greedy only")
