@@ -223,13 +223,15 @@ PARTS = (
                "our in-step `--probe`) at an equal rollout budget on the offline toy, paired over seeds, and "
                "writes results/PRESET/table.md, compare.jsonl and five plots; flags it does not know go to "
                "train.py.",
-         questions=(("5.1", "Run `python compare.py --preset headline --seeds 0 1` (12 runs, about 20-30 minutes "
-                            "on 2 cores after the one-off toy build). Copy the table it prints. Which arm ends "
+         questions=(("5.1", "Run `python compare.py --preset headline --seeds 0 1` (12 runs, about 10 minutes "
+                            "on 2 cores). Copy the table it prints. Which arm ends "
                             "best? Is its difference from uniform larger than its 95% interval can resolve, and "
-                            "than the binomial standard error of one evaluation on 1,024 problems?"),
+                            "than the standard error of one evaluation on 1,024 problems (the table's footer)?"),
                     ("5.2", "Open results/headline/alpha_beta_failure.png. Did F_t fall below 0.5? Which branch of "
                             "eq. 6 was active, so where did the density of eq. 5 peak over training? Did the run "
-                            "ever reach the paper's explore phase?"),
+                            "ever reach the paper's explore phase? Then run the same two seeds on the second "
+                            "starting model (`python compare.py --preset headline --seeds 0 1 --model toy-strong`: "
+                            "tables in results/headline-toy-strong) and answer the same questions there."),
                     ("5.3", "results/headline/zero_signal.png and budget_vs_pass_rate.png: CoBA spends fewer "
                             "rollouts on zero-signal groups than uniform GRPO. Did that buy accuracy? Give one "
                             "mechanism for your answer (where does the budget go, and what happens to prompts "
