@@ -121,7 +121,7 @@ def t_quantile(table: list[float], df: int, normal: float) -> float:
 # ----------------------------------------------------------------------------------------------
 TRAIN = [sys.executable, str(REPO / "train.py")]  # the trainer (tests put a fake one here)
 # train.py flags a reused run may have had different from this sweep's: where and how it wrote, and
-# speed or memory knobs that leave the numbers alone. Stricter than train.RESUME_MAY_CHANGE: a reused
+# speed or memory knobs that leave the numbers alone. Stricter than checkpoint.RESUME_MAY_CHANGE: a reused
 # run must have had the same --steps and --eval-every, or its curve is another curve.
 MAY_DIFFER = ("output_dir", "resume", "overwrite", "no_progress", "save_every", "threads", "device",
               "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
@@ -159,11 +159,12 @@ def train_argv(arm: str, seed: int, extra: list[str]) -> list[str]:
 def expected_config(flags: list[str]) -> dict:
     """train.py's run_config for these flags, as its log and checkpoints record it (JSON round trip).
     A bad flag is train.py's one-line argparse error, here, before any run starts."""
-    import train
+    import cli
+    from checkpoint import run_config
 
-    ap = train.build_parser()
+    ap = cli.build_parser()
     ap.prog = "compare.py (a flag passed on to train.py)"
-    return json.loads(json.dumps(train.run_config(train.resolve_args(ap.parse_args(flags), ap))))
+    return json.loads(json.dumps(run_config(cli.resolve_args(ap.parse_args(flags), ap))))
 
 
 def recorded_config(run_dir: Path) -> dict | None:
@@ -195,9 +196,9 @@ def config_diffs(recorded: dict, expected: dict, defaults: dict) -> list[str]:
 
 def user_train_flags(flags: list[str]) -> set:
     """The train.py options named in `flags` (abbreviations resolved by train.py's own parser)."""
-    import train
+    import cli
 
-    ap = train.build_parser()
+    ap = cli.build_parser()
     for action in ap._actions:
         action.default = argparse.SUPPRESS
     ap.prog = "compare.py (a flag passed on to train.py)"
@@ -215,9 +216,9 @@ def mismatched_runs(jobs, out: Path, extra: list[str]) -> dict:
         recorded = recorded_config(run_dir)
         if recorded is None:
             continue
-        import train
+        import cli
 
-        defaults = json.loads(json.dumps(vars(train.build_parser().parse_args([]))))
+        defaults = json.loads(json.dumps(vars(cli.build_parser().parse_args([]))))
         diffs = config_diffs(recorded, expected_config(train_argv(arm, seed, extra)), defaults)
         if diffs:
             found[(arm, seed)] = diffs

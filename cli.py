@@ -1,0 +1,299 @@
+"""The command line of train.py: its flags, the presets for the toy vs a real model, range checks,
+and the one-line errors for bad values.
+
+train.py reads like the paper (the loop, rl_step, policy_update, evaluate, the probe); everything
+about turning argv into a checked argparse.Namespace lives here instead:
+
+    build_parser, add_training_flags   every flag of train.py, with its default and help text
+    PRESETS, saved_run_model           defaults that differ between the CPU toy and real models
+                                       (a flag left unset takes its preset's value; a toy
+                                       checkpoint passed as --model keeps the toy's)
+    FLAG_RANGES, out_of_range          the accepted interval of each numeric flag
+    resolve_args                       fill the presets, then reject a bad value or combination in
+                                       one line that names the fix (`error: --x must be in ...`),
+                                       before anything slow loads
+    progress_bars                      what --no-progress does to transformers' own bars
+
+The checks with the paper's meaning (kappa, gamma, prior, tau, the schedule, the budget bounds) are
+coba.py's and allocate.py's; resolve_args calls them so that they fail here, not minutes into a run.
+compare.py builds each arm's flags with build_parser and resolve_args too. Used as
+`ap = build_parser(); args = resolve_args(ap.parse_args(argv), ap)` (train.main).
+Tests: tests/test_reliability.py (flag ranges, --device), tests/test_evalsets.py (presets),
+tests/test_safety.py and tests/test_train.py (--prompt-template).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import allocate
+import coba
+import toy
+import tracking
+from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
+from models import MODEL_ALIASES
+
+# Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
+PRESETS = {
+    "toy": dict(learning_rate=2e-4, max_completion_length=8, num_generations=8, prompts_per_step=32,
+                steps=150, eval_every=50, save_every=50, prompt_template="{question}",
+                last_number_fallback=True, threads=1, warmup_lr_steps=0, micro_batch_size=512,
+                # held-out avg@8 (the paper's metric) on 1,024 problems, at steps 0, 50, 100, 150:
+                # standard error ~0.01; the 4 evaluations take about a quarter of the training time (README)
+                generation_batch_size=512, eval_size=1024, eval_samples=8),
+    "hub": dict(learning_rate=1e-6, max_completion_length=1024, num_generations=16,
+                prompts_per_step=32, steps=200, eval_every=20, save_every=20,
+                prompt_template="{question}\n" + BOXED_INSTRUCTION, last_number_fallback=False,
+                threads=None, warmup_lr_steps=10, micro_batch_size=8, generation_batch_size=256,
+                eval_size=500, eval_samples=16),
+}
+
+# Accepted range of each numeric flag, in interval notation ("[" includes the end, "(" excludes it).
+# resolve_args rejects a value outside it, or NaN, in one line that quotes the range. kappa, gamma,
+# prior, tau and failure_window are checked by coba.py with the paper's meaning in the message.
+FLAG_RANGES = {
+    "eval_size": "[0, inf)", "train_size": "[1, inf)", "max_prompt_length": "[1, inf)",
+    "prompts_per_step": "[1, inf)", "num_generations": "[1, inf)", "total_budget": "[1, inf)",
+    "min_budget": "[1, inf)", "max_budget": "[1, inf)",
+    "learning_rate": "[0, inf)", "warmup_lr_steps": "[0, inf)", "beta": "[0, inf)",
+    "epsilon": "[0, 1)",  # the ratio is clipped at 1 - epsilon, which must stay > 0
+    "epsilon_high": "[0, inf)", "num_mini_batches": "[1, inf)",
+    "max_grad_norm": "(0, inf)",  # clip_grad_norm_ with a negative norm flips the gradient's sign
+    "micro_batch_size": "[1, inf)", "temperature": "(0, inf)", "top_p": "(0, 1]",
+    "max_completion_length": "[1, inf)", "generation_batch_size": "[1, inf)",
+    "vllm_gpu_memory_utilization": "(0, 1]", "vllm_importance_sampling_cap": "(0, inf)",
+    "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
+    "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
+    "save_every": "[1, inf)", "threads": "[1, inf)", "log_completions": "[0, inf)",
+}
+
+
+def saved_run_model(model: str) -> str | None:
+    """The --model a checkpoint directory was trained from (its run_config.json), else None: a toy
+    checkpoint passed as --model keeps the toy's preset (prompt template, 8 new tokens, avg@8)."""
+    config = Path(model) / "run_config.json"
+    try:
+        return json.loads(config.read_text()).get("model") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def out_of_range(value: float, interval: str) -> bool:
+    """True when value lies outside interval ("[0, 1)" style) or is NaN: NaN fails every comparison."""
+    low, high = (float(x) for x in interval[1:-1].split(","))
+    above_low = value > low if interval[0] == "(" else value >= low
+    below_high = value < high if interval[-1] == ")" else value <= high
+    return not (above_low and below_high)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description="GRPO with CoBA-RL budget allocation (arXiv 2602.03048). With no arguments: "
+                    "the offline toy on CPU.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = ap.add_argument_group("model and data")
+    g.add_argument("--model", default="toy", help="'toy' or 'toy-strong' (offline models committed under lab/, see toy.py), an alias ("
+                   + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
+    g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
+                   + "), a hub dataset name, or a local .jsonl/.json/.parquet file")
+    g.add_argument("--question-field", default=None, help="column holding the question (dotted path ok)")
+    g.add_argument("--answer-field", default=None, help="column holding the reference answer")
+    g.add_argument("--eval-files", nargs="*", default=[], help="extra local benchmark files "
+                   "(.jsonl with question/answer) evaluated beside the held-out split")
+    g.add_argument("--eval-datasets", nargs="*", default=[], metavar="NAME",
+                   help="the paper's Table 1 benchmarks from the hub, by name: " + ", ".join(BENCHMARKS)
+                        + ", or paper (all six); logged as NAME_avg@k etc. (data.BENCHMARKS)")
+    g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 1024); sliced "
+                   "from a file without a test split, at most a fifth of it")
+    g.add_argument("--train-size", type=int, default=1024,
+                   help="training pool size for the toy (revisited each epoch: pass rates need "
+                        "an earlier visit, method.md §3)")
+    g.add_argument("--prompt-template", default=None,
+                   help="format of the user turn; toy: '{question}', else adds the \\boxed{} instruction")
+    g.add_argument("--prompt-format", choices=["auto", "chat", "plain"], default="auto",
+                   help="chat: apply the tokenizer's chat template (auto: if it has one, not on the toy)")
+    g.add_argument("--max-prompt-length", type=int, default=1024,
+                   help="prompt tokens, chat template included (TRL's name; TRL's default is 512): longer "
+                        "problems are skipped and counted, not truncated (a cut question keeps its answer)")
+    g.add_argument("--bad-rows", choices=["skip", "error"], default="skip",
+                   help="rows of a data file without a usable question or answer (missing, null, empty): "
+                        "skip and count them, or stop at the first with its file:line")
+    g = ap.add_argument_group("CoBA-RL allocation (paper §2.3-2.4)")
+    g.add_argument("--allocator", choices=allocate.ALLOCATORS, default="coba",
+                   help="uniform = GRPO; knapsack = Knapsack-RL; coba = paper's Algorithm 1; "
+                        "coba-released = the released code's hybrid")
+    g.add_argument("--solver", choices=["heap", "threshold"], default="heap",
+                   help="coba only: Algorithm 1's heap, or our exact threshold solver (same optimum)")
+    g.add_argument("--prompts-per-step", type=int, default=None, help="M, prompts per step (toy: 32)")
+    g.add_argument("--num-generations", type=int, default=None,
+                   help="G, the average budget: B_total = M * G (TRL's name; paper 16, toy 8)")
+    g.add_argument("--total-budget", type=int, default=None, help="B_total (default M * G)")
+    g.add_argument("--min-budget", type=int, default=2, help="B_low (paper 2)")
+    g.add_argument("--max-budget", type=int, default=None, help="B_up (paper 128; toy default 4*G)")
+    g.add_argument("--schedule", default="exploit2explore",
+                   help="alpha_t/beta_t schedule: exploit2explore (paper, eqs. 6-7), explore2exploit,"
+                        " fixed:A,B, linear-decay")
+    g.add_argument("--kappa", type=float, default=11.0, help="kappa = alpha_t + beta_t (eq. 7, paper 11)")
+    g.add_argument("--gamma", type=float, default=10.0, help="gamma of eq. 6 (paper 10)")
+    g.add_argument("--tau", default="adaptive",
+                   help="tau of eq. 8: 'adaptive' (released code, from the batch's pass-rate spread) or a float")
+    g.add_argument("--failure-window", type=int, default=1,
+                   help="k: F_bar averages the last k F_t, and p_i the last k visits "
+                        "(released launch script 1; paper gives no value)")
+    g.add_argument("--probe", action="store_true",
+                   help="(ours, not in the paper) each step first gives every prompt B_low rollouts and "
+                        "updates its pass rate from them, then allocates the rest of the same B_total")
+    g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
+    add_training_flags(ap)
+    return ap
+
+
+def add_training_flags(ap: argparse.ArgumentParser) -> None:
+    """build_parser's second half: the GRPO update, generation, evaluation and the run itself."""
+    g = ap.add_argument_group("GRPO (DeepSeekMath; paper App. C)")
+    g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4)")
+    g.add_argument("--warmup-lr-steps", type=int, default=None, help="linear lr warm-up steps (paper 10)")
+    g.add_argument("--beta", type=float, default=0.0, help="KL coefficient (TRL's name, not CoBA's beta_t); "
+                   "0 = no reference model (paper)")
+    g.add_argument("--epsilon", type=float, default=0.2, help="clip epsilon_low (paper 0.2)")
+    g.add_argument("--epsilon-high", type=float, default=0.28, help="clip epsilon_high (DAPO clip-higher, paper 0.28)")
+    g.add_argument("--loss-type", choices=["dapo", "grpo", "dr_grpo"], default="dapo",
+                   help="dapo = token mean (paper), grpo = sequence mean, dr_grpo = constant normaliser")
+    g.add_argument("--no-std-scaling", action="store_true", help="Dr. GRPO: advantages not divided by group std")
+    g.add_argument("--num-mini-batches", type=int, default=2, help="optimizer steps per RL step (paper 2)")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    g.add_argument("--optim", choices=["adamw", "adamw8bit"], default="adamw",
+                   help="adamw8bit: bitsandbytes' 8-bit AdamW (GPU, if installed): ~6 bytes/param less")
+    g.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (memory)")
+    g.add_argument("--shared-prompt-forward", action=argparse.BooleanOptionalAction, default=None,
+                   help="speed, same loss up to float rounding: the loss forward runs each distinct prompt of a "
+                        "micro-batch once and its completions on its KV cache (grpo.per_token_logps_shared_prompt; "
+                        "default: on, off with --gradient-checkpointing)")
+    g.add_argument("--sampler-logps", action=argparse.BooleanOptionalAction, default=True,
+                   help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
+                        "(rollout.SampledTokenLogps) and serve as the old policy's log-probs, instead of a "
+                        "no-grad forward over all rows (--use-vllm keeps its own no-grad pass)")
+    g = ap.add_argument_group("generation")
+    g.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper 1.0)")
+    g.add_argument("--top-p", type=float, default=1.0, help="rollout nucleus sampling")
+    g.add_argument("--max-completion-length", type=int, default=None, help="max new tokens (toy 8)")
+    g.add_argument("--generation-batch-size", type=int, default=None, help="rows per generate call")
+    g.add_argument("--shared-prompt-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="speed, same tokens at the same seed: HF generate prefills each distinct prompt of a "
+                        "generation batch once (rollout.prefill_distinct_prompts)")
+    g.add_argument("--last-number-fallback", action=argparse.BooleanOptionalAction, default=None,
+                   help="verifier: take the last number when no \\boxed{} / #### / 'answer is' (toy: on)")
+    g.add_argument("--use-vllm", action="store_true", help="generate with vLLM (GPU; colocated)")
+    g.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory")
+    g.add_argument("--vllm-enable-sleep-mode", action="store_true", help="vLLM frees its memory while training")
+    g.add_argument("--vllm-importance-sampling-cap", type=float, default=None, metavar="C",
+                   help="(off by default) truncated importance sampling: each token's surrogate times "
+                        "min(pi_trainer / pi_vLLM, C), for the gap between vLLM's bf16 sampler and the "
+                        "trainer (logged as vllm_logp_gap). TRL's vllm_importance_sampling_cap (TRL: on, C=2)")
+    g = ap.add_argument_group("evaluation")
+    g.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (0 = only start/end)")
+    g.add_argument("--eval-samples", type=int, default=None,
+                   help="k: avg@k (the primary accuracy) and pass@k at T=1.0, top-p 0.9 beside greedy "
+                        "accuracy (paper: avg@16; toy 8, real models 16; 0 = greedy only)")
+    g.add_argument("--eval-only", action="store_true",
+                   help="evaluate --model (a name, or a checkpoint directory) on the eval sets and stop: "
+                        "prints a table, logs one eval record, trains nothing and saves no checkpoint")
+    g = ap.add_argument_group("run")
+    g.add_argument("--steps", type=int, default=None, help="RL steps (toy 150)")
+    g.add_argument("--seed", type=int, default=0, help="seed for data order, sampling and model")
+    g.add_argument("--output-dir", default="runs/default", help="JSONL log, checkpoint and plots go here")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete OUTPUT_DIR/checkpoint-<step> (same flags, "
+                        "except those in RESUME_MAY_CHANGE; a larger --steps extends a finished run)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in OUTPUT_DIR: its log and checkpoint-<N> directories are "
+                   "deleted once the new run's data and model have loaded (nothing else is)")
+    g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
+    g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
+    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 mixed precision: fp32 master weights, bf16 autocast for every forward (default: on GPU). "
+                   "Pure bf16 weights would round AdamW's ~1e-6 updates away (bf16 keeps ~3 digits)")
+    g.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    g.add_argument("--report-to", choices=tracking.REPORT_TO, default="none",
+                   help="also send the log to TensorBoard (OUTPUT_DIR/tensorboard; pip install tensorboard) or "
+                        "Weights & Biases (pip install wandb; offline unless WANDB_API_KEY or WANDB_MODE is set)")
+    g.add_argument("--log-completions", type=int, default=4, metavar="N",
+                   help="sample completions per step to OUTPUT_DIR/completions.jsonl (and the tracker): half "
+                        "from the largest B_i, half from the smallest; 0 = none")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (ours, the toy's warm-up, and transformers' load/save bars)")
+
+
+def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
+    preset = PRESETS["toy" if args.model in toy.TOY_MODELS or saved_run_model(args.model) in toy.TOY_MODELS
+                     else "hub"]
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key, interval in FLAG_RANGES.items():
+        value = getattr(args, key, None)
+        if value is not None and out_of_range(value, interval):
+            ap.error(f"--{key.replace('_', '-')} must be in {interval}, got {value}")
+    if args.resume and args.overwrite:
+        ap.error("--resume continues the run in --output-dir and --overwrite deletes it: pass one")
+    if args.eval_only and args.resume:
+        ap.error("--eval-only trains nothing, so there is nothing to --resume: pass --model CHECKPOINT_DIR "
+                 "to evaluate a checkpoint")
+    check_prompt_template(args.prompt_template)
+    if args.shared_prompt_forward is None:
+        args.shared_prompt_forward = not args.gradient_checkpointing
+    elif args.shared_prompt_forward and args.gradient_checkpointing:  # checkpointed layers drop the KV cache
+        ap.error("--shared-prompt-forward needs the KV cache, which --gradient-checkpointing turns off: drop one")
+    if args.device is not None:  # fail here, not in the first .to(device) minutes later
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            ap.error(f"--device {args.device!r} is not a torch device: use cpu or cuda")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            ap.error(f"--device {args.device}: no CUDA device here (torch.cuda.is_available() is False): "
+                     "use --device cpu")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            ap.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        if device.type not in ("cpu", "cuda"):
+            ap.error(f"--device {args.device}: use cpu or cuda")
+    if args.bf16 is None:  # recorded resolved, so a --resume on another device cannot switch it silently
+        args.bf16 = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    M, G = args.prompts_per_step, args.num_generations
+    if args.total_budget is None:
+        args.total_budget = M * G
+    if args.max_budget is None:
+        args.max_budget = 128 if args.model not in toy.TOY_MODELS else 4 * G
+    try:
+        allocate.check_feasible(M, args.total_budget, args.min_budget, args.max_budget)
+        args.schedule_obj = coba.parse_schedule(args.schedule)
+        if args.tau != "adaptive":
+            coba.resolve_tau(args.tau, np.array([0.5]))
+        coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
+                               kappa=args.kappa, schedule=args.schedule_obj)
+    except ValueError as e:
+        ap.error(str(e))
+    return args
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool):
+    """With --no-progress, transformers' own bars ("Loading weights", "Writing model shards") and the
+    hub's go quiet too, for this run only: the previous setting comes back afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()
