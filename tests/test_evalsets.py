@@ -232,11 +232,11 @@ def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
 
 
 def test_presets_evaluate_the_papers_way():
-    """avg@k is on by default: k = 8 on the toy (1,024 held-out problems every 50 steps, README's
+    """avg@k is on by default: k = 8 on the toy (1,024 held-out problems every 75 steps, README's
     cost measurement), k = 16 on real models (the paper's avg@16); --eval-samples 0 turns it off."""
     ap = train.build_parser()
     toy = train.resolve_args(ap.parse_args([]), ap)
-    assert (toy.eval_samples, toy.eval_size, toy.eval_every, toy.steps) == (8, 1024, 50, 150)
+    assert (toy.eval_samples, toy.eval_size, toy.eval_every, toy.steps) == (8, 1024, 75, 150)
     hub = train.resolve_args(ap.parse_args(["--model", "Qwen2.5-1.5B", "--eval-datasets", "paper"]), ap)
     assert hub.eval_samples == 16 and hub.eval_datasets == ["paper"]
     assert train.resolve_args(ap.parse_args(["--eval-samples", "0"]), ap).eval_samples == 0
