@@ -502,14 +502,21 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
             d[f"{key}_min_detectable"] = min_detectable(res["sd"], res["n"])
         for key in secondary:
             d[key] = paired_t([seeds[s][key] - base[s][key] for s in common])
-        # rollouts-to-target ratio, seed by seed; a run that never reaches the target has ratio inf
-        ratios = []
+        # rollouts-to-target ratio, seed by seed; a run that never reaches the target has ratio inf.
+        # A seed whose baseline is already at the target at its first evaluation says nothing about
+        # speed (a model that loses accuracy in training starts above its own final value): counted
+        # apart as "at_start" instead of a ratio of 1 that reads like "as fast as uniform".
+        ratios, at_start = [], 0
         for s in common:
             a = rollouts_to_reach(np.array(seeds[s]["rollouts"]), np.array(seeds[s]["acc"]), target)
             b = rollouts_to_reach(np.array(base[s]["rollouts"]), np.array(base[s]["acc"]), target)
-            if b is not None:
+            if b is not None and b <= base[s]["rollouts"][0]:
+                at_start += 1
+            elif b is not None:
                 ratios.append(math.inf if a is None else max(a, 1.0) / max(b, 1.0))
-        if ratios and all(math.isfinite(r) for r in ratios):
+        if not ratios and at_start:
+            d["rollout_ratio"] = {"n": 0, "geo_mean": None, "lo": None, "hi": None, "at_start": at_start}
+        elif ratios and all(math.isfinite(r) for r in ratios):
             res = paired_t(np.log(ratios))
             d["rollout_ratio"] = {"n": res["n"], "geo_mean": math.exp(res["mean"]),
                                   "lo": math.exp(res["lo"]) if math.isfinite(res["lo"]) else None,
@@ -548,7 +555,9 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
         else:
             r = d["rollout_ratio"]
             ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
-                     if r["geo_mean"] is not None else f"never on {r.get('never', '?')}/{r['n']} seeds")
+                     if r["geo_mean"] is not None else
+                     f"n/a: uniform starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
+                     else f"never on {r.get('never', '?')}/{r['n']} seeds")
             cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
             cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
         lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "

@@ -133,6 +133,23 @@ def test_rollout_ratio_is_paired_and_censored_runs_say_never():
     assert d["fast"]["final_acc"]["mean"] == pytest.approx(0.05)
 
 
+def test_rollout_ratio_when_uniform_starts_above_its_final_value_says_so():
+    """A model that loses held-out accuracy (toy-strong) reaches uniform's final value at step 0:
+    no speed-up can be measured, and the table must not print a ratio of 1."""
+    def run(arm, seed, acc):
+        return {"arm": arm, "seed": seed, "rollouts": [0.0, 100.0, 200.0], "acc": acc, "final_acc": acc[-1],
+                "auc": compare.auc(np.array([0.0, 100.0, 200.0]), np.array(acc)), "zero_signal_group_share": 0,
+                "zero_signal_rollout_share": 0, "train_seconds": 1, "prompts_at_min_budget": 0}
+
+    runs = [run("uniform", 0, [0.6, 0.58, 0.56]), run("uniform", 1, [0.6, 0.57, 0.55]),
+            run("coba", 0, [0.6, 0.55, 0.54]), run("coba", 1, [0.6, 0.56, 0.53])]
+    summary, diffs = compare.compare_arms(runs)
+    r = diffs[0]["rollout_ratio"]
+    assert r["geo_mean"] is None and r["at_start"] == 2
+    table = compare.markdown_table(summary, diffs, metric="avg@8")
+    assert "n/a: uniform starts at or above its final value on 2 seeds" in table and "1.00" not in table
+
+
 # ----------------------------------------------------------------------------------------------
 # Results files, reuse, failures and Ctrl-C (issue 25), with a fake train.py that takes no time
 # ----------------------------------------------------------------------------------------------
