@@ -13,6 +13,8 @@ about turning argv into a checked argparse.Namespace lives here instead:
                                        one line that names the fix (`error: --x must be in ...`),
                                        before anything slow loads
     progress_bars                      what --no-progress does to transformers' own bars
+    closing_line, eval_table           what a run prints last: the start and end accuracies
+                                       (avg@k first), and --eval-only's table
 
 The checks with the paper's meaning (kappa, gamma, prior, tau, the schedule, the budget bounds) are
 coba.py's and allocate.py's; resolve_args calls them so that they fail here, not minutes into a run.
@@ -297,3 +299,35 @@ def progress_bars(enabled: bool):
     finally:
         if was_enabled and not enabled:
             hf_logging.enable_progress_bar()
+
+
+# ----------------------------------------------------------------------------------------------
+# What train.py prints at the end: its closing line, and --eval-only's table
+# ----------------------------------------------------------------------------------------------
+def closing_line(summary: dict, k: int) -> str | None:
+    """train.py's last line: held-out avg@k first (the paper's metric), greedy accuracy and pass@k
+    beside it; None without a held-out set."""
+    if summary.get("heldout_acc_end") is None:
+        return None
+    def arrow(key: str) -> str:  # a start record from before this metric existed (resumed run): n/a
+        return " -> ".join("n/a" if summary.get(f"{key}_{w}") is None else f"{summary[f'{key}_{w}']:.3f}"
+                           for w in ("start", "end"))
+
+    if not k or summary.get(f"heldout_avg@{k}_end") is None:
+        return f"held-out greedy accuracy {arrow('heldout_acc')}"
+    return (f"held-out avg@{k} (T=1.0, top-p 0.9) {arrow(f'heldout_avg@{k}')} "
+            f"(+-{summary[f'heldout_avg@{k}_se_end']:.3f}); greedy accuracy {arrow('heldout_acc')}, "
+            f"pass@{k} {arrow(f'heldout_pass@{k}')}")
+
+
+def eval_table(record: dict, names: list[str], k: int) -> str:
+    """--eval-only's table: one row per eval set (avg@k, its standard error, pass@k, greedy, problems)."""
+    cols = ([f"avg@{k}", f"avg@{k}_se", f"pass@{k}"] if k else []) + ["acc"]
+    lines = [f"{'set':<14}" + "".join(f"{c:>11}" for c in cols + ["problems"])]
+    for name in names:
+        lines.append(f"{name:<14}" + "".join(f"{record[f'{name}_{c}']:>11.4f}" for c in cols)
+                     + f"{record['problems'][name]:>11}")
+    for key in (f"eval_mean_avg@{k}", "eval_mean_acc"):
+        if key in record:
+            lines.append(f"{key} (Table 1's Avg.): {record[key]:.4f}")
+    return "\n".join(lines)

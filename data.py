@@ -7,7 +7,8 @@ paper's Table 1 benchmarks by name (BENCHMARKS, for --eval-datasets) or a local 
 file; checks every row (a row without a usable question or answer is skipped and counted, or with
 --bad-rows error stops the run at its file:line); keeps only the final answer of a GSM8K/MATH
 solution (and normalises the benchmarks' answers); formats prompts (template, chat template); and
-skips problems whose prompt is over --max-prompt-length tokens. It keeps file formats and their errors out of train.py,
+skips problems whose prompt is over --max-prompt-length tokens; and the order in which the
+training loop draws them (PromptSampler: seeded epochs over the pool). It keeps file formats and their errors out of train.py,
 whose loop only sees records. No model, no torch.
 Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits),
 tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
@@ -424,3 +425,32 @@ def fit_prompt_length(train_set: list[dict], eval_sets: dict[str, list[dict]], t
                          f"{args.max_prompt_length} < --prompts-per-step {args.prompts_per_step}: raise "
                          "--max-prompt-length or lower --prompts-per-step")
     return train_set
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompt order (step 1 of train.py's loop): epochs over a small pool, so pass rates come from an
+# earlier visit (method.md §3)
+# ----------------------------------------------------------------------------------------------
+class PromptSampler:
+    """Draws M distinct dataset indices per step, a fresh seeded permutation per epoch."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
+
+    def _order(self) -> list[int]:
+        order = list(range(self.n))
+        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self, M: int) -> list[int]:
+        if self.pos + M > self.n:  # drop the short tail: a batch never straddles two epochs
+            self.epoch, self.pos = self.epoch + 1, 0
+        ids = self._order()[self.pos:self.pos + M]
+        self.pos += M
+        return ids
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.epoch, self.pos = d["epoch"], d["pos"]

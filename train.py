@@ -6,7 +6,7 @@ maximise sum_i V(B_i, p_i) (eq. 3), where V (eq. 9) weighs each prompt's pass ra
 density whose shape follows the model's global failure rate (eqs. 4-7) and saturates in B_i (eq. 8).
 One step of the loop below, in the order of method.md §3:
 
-    1. sample M prompts                     (PromptSampler)
+    1. sample M prompts                     (data.PromptSampler)
     2. allocate B_i from (p_i, alpha_t, beta_t, tau)   -> allocate.allocate_budgets  (Algorithm 1)
     3. generate B_i completions per prompt  (rollout.py: HF generate; vLLM on GPU)
     4. reward each completion               -> verify.rewards  (binary, RLVR)
@@ -50,40 +50,13 @@ import plots
 import tracking
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
-                        load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
-                        save_checkpoint, truncate_log)  # load_checkpoint: tests call train.load_checkpoint
-from cli import build_parser, progress_bars, resolve_args  # the command line: flags, presets, range checks
-from data import data_identity, fit_prompt_length, format_prompt, load_data
+                        prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config, save_checkpoint,
+                        truncate_log)
+from cli import (build_parser, closing_line, eval_table, progress_bars,  # the command line: flags, presets,
+                 resolve_args)  # range checks, and what it prints at the end
+from data import PromptSampler, data_identity, fit_prompt_length, format_prompt, load_data
 from models import identity_for, load_model_and_tokenizer
-from rollout import VLLMGenerator, collate, decode, generate_groups, sampler_logps_tensor
-
-
-# ----------------------------------------------------------------------------------------------
-# Prompt order: epochs over a small pool, so pass rates come from an earlier visit (method.md §3)
-# ----------------------------------------------------------------------------------------------
-class PromptSampler:
-    """Draws M distinct dataset indices per step, a fresh seeded permutation per epoch."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
-
-    def _order(self) -> list[int]:
-        order = list(range(self.n))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def next(self, M: int) -> list[int]:
-        if self.pos + M > self.n:  # drop the short tail: a batch never straddles two epochs
-            self.epoch, self.pos = self.epoch + 1, 0
-        ids = self._order()[self.pos:self.pos + M]
-        self.pos += M
-        return ids
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.epoch, self.pos = d["epoch"], d["pos"]
+from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,16 +85,6 @@ def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_
     after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
              for k, i in enumerate(prompt_idx)]
     return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)
-
-
-def merge_groups(first: list, first_budgets: list[int], second: list, second_budgets: list[int]) -> list:
-    """Two prompt-major row lists -> one: prompt i's rows of `first`, then its rows of `second`.
-    Keeps train.py's layout (group i's B_i rows contiguous, in prompt order)."""
-    out, a, b = [], 0, 0
-    for n1, n2 in zip(first_budgets, second_budgets):
-        out += first[a:a + n1] + second[b:b + n2]
-        a, b = a + n1, b + n2
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -589,35 +552,6 @@ def start_end(first: dict, final: dict, k: int) -> dict:
     keys = [f"heldout_avg@{k}", f"heldout_avg@{k}_se", "heldout_acc", f"heldout_pass@{k}"] if k else ["heldout_acc"]
     keys += [key for key in (f"eval_mean_avg@{k}" if k else "eval_mean_acc",) if key in final]
     return {f"{key}_{when}": r.get(key) for key in keys for when, r in (("start", first), ("end", final))}
-
-
-def closing_line(summary: dict, k: int) -> str | None:
-    """train.py's last line: held-out avg@k first (the paper's metric), greedy accuracy and pass@k
-    beside it; None without a held-out set."""
-    if summary.get("heldout_acc_end") is None:
-        return None
-    def arrow(key: str) -> str:  # a start record from before this metric existed (resumed run): n/a
-        return " -> ".join("n/a" if summary.get(f"{key}_{w}") is None else f"{summary[f'{key}_{w}']:.3f}"
-                           for w in ("start", "end"))
-
-    if not k or summary.get(f"heldout_avg@{k}_end") is None:
-        return f"held-out greedy accuracy {arrow('heldout_acc')}"
-    return (f"held-out avg@{k} (T=1.0, top-p 0.9) {arrow(f'heldout_avg@{k}')} "
-            f"(+-{summary[f'heldout_avg@{k}_se_end']:.3f}); greedy accuracy {arrow('heldout_acc')}, "
-            f"pass@{k} {arrow(f'heldout_pass@{k}')}")
-
-
-def eval_table(record: dict, names: list[str], k: int) -> str:
-    """--eval-only's table: one row per eval set (avg@k, its standard error, pass@k, greedy, problems)."""
-    cols = ([f"avg@{k}", f"avg@{k}_se", f"pass@{k}"] if k else []) + ["acc"]
-    lines = [f"{'set':<14}" + "".join(f"{c:>11}" for c in cols + ["problems"])]
-    for name in names:
-        lines.append(f"{name:<14}" + "".join(f"{record[f'{name}_{c}']:>11.4f}" for c in cols)
-                     + f"{record['problems'][name]:>11}")
-    for key in (f"eval_mean_avg@{k}", "eval_mean_acc"):
-        if key in record:
-            lines.append(f"{key} (Table 1's Avg.): {record[key]:.4f}")
-    return "\n".join(lines)
 
 
 def eval_only(args) -> dict:

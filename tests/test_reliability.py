@@ -96,7 +96,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
     optimizer = train.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     tracker = train.coba.CapabilityTracker(window=1, prior=0.5, gamma=10.0, kappa=11.0)
-    sampler = train.PromptSampler(32, 0)
+    sampler = data.PromptSampler(32, 0)
     objects = (model, tokenizer, optimizer, scheduler, tracker, sampler, args)
     first = next(model.parameters())
 
@@ -133,7 +133,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
         assert step == (3 if k >= points.index("rename") else 2), (k, points[k])
         with torch.no_grad():
             first.fill_(-1.0)
-        loaded_step, counters = train.load_checkpoint(found, *objects[:1], *objects[2:6])
+        loaded_step, counters = checkpoint.load_checkpoint(found, *objects[:1], *objects[2:6])
         assert loaded_step == step and counters["rollouts"] == 32 * step
         assert float(first.detach().flatten()[0]) == step
         assert train.prepare_run_dir(out, argparse_like(args, resume=True)) == found

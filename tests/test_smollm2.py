@@ -13,6 +13,8 @@ import math
 import pytest
 import torch
 
+import checkpoint
+import data
 import train
 
 pytestmark = pytest.mark.skipif(
@@ -60,7 +62,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     # Save and resume (issue 16): the GGUF file loads de-quantized, and those plain weights must save
     # (transformers used to refuse: "quantized with gguf ... not serializable") and come back exactly.
     tracker = train.coba.CapabilityTracker(window=1, prior=0.5, gamma=10.0, kappa=11.0)
-    sampler = train.PromptSampler(2, 0)
+    sampler = data.PromptSampler(2, 0)
     saved = train.save_checkpoint(tmp_path, 1, model, tokenizer, optimizer, scheduler, tracker, sampler, args,
                                   {"rollouts": 6, "seconds": 0.0})
     args.resume = True
@@ -69,7 +71,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    step, counters = train.load_checkpoint(saved, model, optimizer, scheduler, tracker, sampler)
+    step, counters = checkpoint.load_checkpoint(saved, model, optimizer, scheduler, tracker, sampler)
     assert step == 1 and counters == {"rollouts": 6, "seconds": 0.0}
     assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
     from transformers import AutoTokenizer
