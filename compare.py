@@ -35,7 +35,9 @@ columns (final value, and its paired difference from uniform with a 95% CI). On 
 (calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is noisy, so
 there are three): final value; AUC (average over training: the trapezoid area under acc(rollouts)
 divided by its span); rollouts to first reach uniform's mean final value, and its ratio to
-uniform's on the same seed (geometric mean, CI on the log ratio). The footer states the standard
+uniform's on the same seed (geometric mean, CI on the log ratio; "n/a" where uniform starts at or
+above its final value). A last column says over how many prompts each step's gradient is spread
+(signal_prompts: the effective number of groups with non-zero advantage). The footer states the standard
 error of one evaluation over the held-out set (avg@k: std of the per-problem means / sqrt(n), as
 train.py logs it). Runs without avg@k (the greedy-only results of issue 12) are tabled on greedy
 accuracy, with a note. Evaluation every 25 steps: avg@8 on 1,024 problems costs ~14 s an evaluation
@@ -419,7 +421,27 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
         "prompts_at_min_budget": float(np.mean([np.mean(np.array(r["budgets"]) == min(r["budgets"]))
                                                 for r in train if r["seen"] > 0] or [float("nan")])),
         "alpha_t": [r["alpha_t"] for r in train], "F_t": [r["F_t"] for r in train],
+        "signal_prompts": signal_prompts(train),
     }
+
+
+def signal_prompts(train: list[dict]) -> float | None:
+    """How many prompts the gradient is spread over, per step, averaged over steps: the effective
+    number (inverse Simpson index) of the groups that carry signal (0 < group reward < 1; the
+    others have zero advantage), each weighted by its rollouts B_i,
+        n_eff = (sum_i B_i)^2 / sum_i B_i^2   over those groups.
+    Why rollouts: with token-mean aggregation (grpo.aggregate_loss) a prompt's share of the loss
+    grows with its B_i, so 4 groups of 32 weigh like 4 prompts, 16 groups of 8 like 16. Uniform
+    GRPO's n_eff is just its number of signal groups; an allocator that concentrates the budget
+    buys more signal rollouts on fewer prompts. None for logs without group rewards."""
+    per_step = []
+    for r in train:
+        if "group_reward" not in r:
+            return None
+        B, g = np.array(r["budgets"], float), np.array(r["group_reward"], float)
+        sig = B[(g > 0) & (g < 1)]
+        per_step.append(sig.sum() ** 2 / (sig ** 2).sum() if len(sig) else 0.0)
+    return float(np.mean(per_step)) if per_step else None
 
 
 def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
@@ -484,7 +506,7 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
                     "prompts_at_min_budget"):
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
-        for key in secondary:
+        for key in secondary + [k for k in ("signal_prompts",) if all(r.get(k) is not None for r in runs)]:
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
         reach = [rollouts_to_reach(np.array(r["rollouts"]), np.array(r["acc"]), target) for r in mine]
@@ -543,10 +565,12 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
     diff = {d["arm"]: d for d in diffs}
     extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"))
              if summary and f"{key}_mean" in summary[0]]
+    show_signal = bool(summary) and "signal_prompts_mean" in summary[0]  # see signal_prompts()
     lines = [f"| arm | final {name} | AUC ({name}) | final {name} - uniform [95% CI] | AUC - uniform [95% CI] "
              f"| rollouts to uniform's final {name}, ratio [95% CI] | "
-             + "".join(f"final {label} (- uniform [95% CI]) | " for _, label in extra) + "zero-signal rollouts |",
-             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|"]
+             + "".join(f"final {label} (- uniform [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
+             + (" prompts carrying signal per step (effective) |" if show_signal else ""),
+             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")]
     for s in summary:
         d = diff.get(s["arm"])
         if d is None:
@@ -562,7 +586,8 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
             cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
         lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
                      f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | " + " | ".join(cells)
-                     + f" | {s['zero_signal_rollout_share_mean']:.2f} |")
+                     + f" | {s['zero_signal_rollout_share_mean']:.2f} |"
+                     + (f" {s['signal_prompts_mean']:.1f} |" if show_signal else ""))
     mdes = [d["final_acc_min_detectable"] for d in diffs if math.isfinite(d["final_acc_min_detectable"])]
     if mdes:
         lines.append(f"\nSmallest detectable difference in final {name} (80% power, paired t, "

@@ -133,6 +133,17 @@ def test_rollout_ratio_is_paired_and_censored_runs_say_never():
     assert d["fast"]["final_acc"]["mean"] == pytest.approx(0.05)
 
 
+def test_signal_prompts_is_the_effective_number_of_signal_groups_by_hand():
+    """Two steps: 2 signal groups of 32 (the 2-rollout groups are all-0 / all-1) -> 2; then 3 equal
+    signal groups of 8 -> 3; mean 2.5. Unequal groups count less than their number: 32 and 8 -> 1.47."""
+    steps = [{"budgets": [32, 32, 2, 2], "group_reward": [0.5, 0.25, 0.0, 1.0]},
+             {"budgets": [8, 8, 8, 8], "group_reward": [0.5, 0.125, 0.875, 0.0]}]
+    assert compare.signal_prompts(steps) == pytest.approx(2.5)
+    assert compare.signal_prompts([{"budgets": [32, 8], "group_reward": [0.5, 0.5]}]) == pytest.approx(40 ** 2 / (32 ** 2 + 8 ** 2))
+    assert compare.signal_prompts([{"budgets": [4, 4], "group_reward": [0.0, 1.0]}]) == 0.0
+    assert compare.signal_prompts([{"budgets": [4, 4]}]) is None  # a log from before group rewards
+
+
 def test_rollout_ratio_when_uniform_starts_above_its_final_value_says_so():
     """A model that loses held-out accuracy (toy-strong) reaches uniform's final value at step 0:
     no speed-up can be measured, and the table must not print a ratio of 1."""
@@ -148,6 +159,11 @@ def test_rollout_ratio_when_uniform_starts_above_its_final_value_says_so():
     assert r["geo_mean"] is None and r["at_start"] == 2
     table = compare.markdown_table(summary, diffs, metric="avg@8")
     assert "n/a: uniform starts at or above its final value on 2 seeds" in table and "1.00" not in table
+    assert "prompts carrying signal" not in table  # these runs have no signal_prompts: no column
+    runs = [{**r, "signal_prompts": 16.0 if r["arm"] == "uniform" else 7.5} for r in runs]
+    table = compare.markdown_table(*compare.compare_arms(runs), metric="avg@8")
+    assert "prompts carrying signal per step (effective) |" in table
+    assert table.splitlines()[2].endswith("| 16.0 |") and table.splitlines()[3].endswith("| 7.5 |")
 
 
 # ----------------------------------------------------------------------------------------------
