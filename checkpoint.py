@@ -23,7 +23,6 @@ Tests: tests/test_reliability.py (a crash after every file operation of a save),
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
@@ -36,6 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
+
+import data
+import models
 
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -75,15 +77,6 @@ IDENTITY_KEYS = ("data_identity", "model_identity")
 def run_config(args) -> dict:
     """The run's flags as JSON: the log's first line, and run_config.json in each checkpoint."""
     return {k: v for k, v in vars(args).items() if k != "schedule_obj"}
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in 1 MiB blocks (a dataset file may be larger than memory allows twice)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def is_ours(path: Path) -> bool:
@@ -335,9 +328,6 @@ def check_identity(saved: dict, args, path: Path) -> None:
     saved pass rates and prompt indices would point at other problems, and the tokenizer (and the
     --beta reference model) come from --model, not from the checkpoint. Base weights that differ
     alone only warn (the checkpoint's weights are the ones trained) unless --beta > 0 uses them."""
-    import data
-    import models
-
     if saved.get("data_identity") and args.data_identity:
         what = data.identity_change(saved["data_identity"], args.data_identity)
         if what:

@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> dict:
         config = {**old_config, "redrawn_by": config["argv"]}
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
-    plots = plot_comparison(table_dir, runs, metric)  # plots.py draws the figures
+    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric)  # plots.py draws
     footer = evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
     pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)
     table = markdown_table(summary, diffs, metric, pass_k, footer) if summary else "(no uniform runs: no table)"

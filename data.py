@@ -15,6 +15,7 @@ tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -341,16 +342,21 @@ def check_prompt_template(template: str) -> None:
                          "the same prompt; put {question} where the problem goes")
 
 
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks (a dataset file may be larger than memory allows twice)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def data_identity(args, train: list[dict], evals: dict[str, list[dict]]) -> dict:
     """What the run's problems are, recorded in the config line and run_config.json, for --resume to
     compare (identity_change): each local file's size and sha256 (--dataset, --eval-files), a hub
     dataset's name and config, the toy's parameters, and the sha256 of the problems as loaded
     (train in order, then each eval set), which also catches a hub dataset or the toy generator
     changing under the same name."""
-    import hashlib
-
-    from checkpoint import file_sha256
-
     def file_id(path: str) -> dict:
         return {"file": path, "bytes": Path(path).stat().st_size, "sha256": file_sha256(Path(path))}
 

@@ -201,17 +201,17 @@ def plot_run(run_dir) -> list[Path]:
 # ----------------------------------------------------------------------------------------------
 # `runs` are compare.summarise_run's per-run dicts (arm, seed, rollouts, acc, alpha_t, F_t,
 # budget_by_pass_rate, zero-signal shares); colors maps each arm to one colour in every figure.
-def _band(ys: np.ndarray):
-    """Mean and 95% t band over seeds of (S, E) curves: (E,) each."""
-    from compare import T975, t_quantile  # compare imports this module; here at call time only
-
+def _band(ys: np.ndarray, t975):
+    """Mean and 95% t band over seeds of (S, E) curves: (E,) each. t975(df) is the t quantile the
+    tables use (compare.py passes its own, so figures and tables agree and this module imports
+    nothing above it)."""
     n = len(ys)
     m = ys.mean(0)
-    h = t_quantile(T975, n - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(m)
+    h = t975(n - 1) * ys.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(m)
     return m, m - h, m + h
 
 
-def accuracy_bands(path: Path, runs: list[dict], colors: dict, name: str = "greedy accuracy") -> Path:
+def accuracy_bands(path: Path, runs: list[dict], colors: dict, t975, name: str = "greedy accuracy") -> Path:
     """Held-out accuracy (`name`: the table's primary metric) vs rollouts consumed: mean over seeds,
     95% CI band."""
     plt = _plt()
@@ -219,7 +219,7 @@ def accuracy_bands(path: Path, runs: list[dict], colors: dict, name: str = "gree
     for arm in colors:
         mine = [r for r in runs if r["arm"] == arm]
         E = min(len(r["acc"]) for r in mine)
-        m, lo, hi = _band(np.array([r["acc"][:E] for r in mine]))
+        m, lo, hi = _band(np.array([r["acc"][:E] for r in mine]), t975)
         x = np.array(mine[0]["rollouts"][:E])
         ax.plot(x, m, label=f"{arm} (n={len(mine)})", color=colors[arm])
         ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
@@ -229,7 +229,7 @@ def accuracy_bands(path: Path, runs: list[dict], colors: dict, name: str = "gree
     return _save(fig, path)
 
 
-def difference_bands(path: Path, runs: list[dict], colors: dict, baseline: str = "uniform",
+def difference_bands(path: Path, runs: list[dict], colors: dict, t975, baseline: str = "uniform",
                      name: str = "accuracy") -> Path | None:
     """Paired difference from the baseline along training (same seed), 95% CI band."""
     base = {r["seed"]: r for r in runs if r["arm"] == baseline}
@@ -243,7 +243,7 @@ def difference_bands(path: Path, runs: list[dict], colors: dict, baseline: str =
             continue
         E = min(min(len(r["acc"]), len(base[r["seed"]]["acc"])) for r in mine)
         d = np.array([np.array(r["acc"][:E]) - np.array(base[r["seed"]]["acc"][:E]) for r in mine])
-        m, lo, hi = _band(d)
+        m, lo, hi = _band(d, t975)
         x = np.array(mine[0]["rollouts"][:E])
         ax.plot(x, m, label=arm, color=colors[arm])
         ax.fill_between(x, lo, hi, alpha=0.12, color=colors[arm])
@@ -311,17 +311,18 @@ def zero_signal_bars(path: Path, runs: list[dict], colors: dict) -> Path:
     return _save(fig, path)
 
 
-def plot_comparison(out: Path, runs: list[dict], metric: str = "greedy") -> list[Path]:
+def plot_comparison(out: Path, runs: list[dict], t975, metric: str = "greedy") -> list[Path]:
     """compare.py's figures into OUT: accuracy_vs_rollouts.png, difference_vs_uniform.png,
     budget_vs_pass_rate.png, alpha_beta_failure.png, zero_signal.png (those that apply). The runs'
-    "acc" curves hold the table's primary metric (compare.table_view): avg@k, else greedy."""
+    "acc" curves hold the table's primary metric (compare.table_view): avg@k, else greedy.
+    t975(df): the 97.5% Student t quantile for the CI bands (compare.py's)."""
     name = "greedy accuracy" if metric == "greedy" else metric
     plt = _plt()
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(arms)}
     out = Path(out)
-    paths = [accuracy_bands(out / "accuracy_vs_rollouts.png", runs, colors, name),
-             difference_bands(out / "difference_vs_uniform.png", runs, colors, name=name),
+    paths = [accuracy_bands(out / "accuracy_vs_rollouts.png", runs, colors, t975, name),
+             difference_bands(out / "difference_vs_uniform.png", runs, colors, t975, name=name),
              budget_panels(out / "budget_vs_pass_rate.png", runs, colors),
              alpha_failure(out / "alpha_beta_failure.png", runs, colors),
              zero_signal_bars(out / "zero_signal.png", runs, colors)]

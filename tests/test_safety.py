@@ -235,7 +235,7 @@ def test_resume_refuses_when_the_data_file_or_an_eval_file_changed(tmp_path, toy
             "--num-generations", "2", "--no-progress", "--save-every", "1", "--output-dir", str(out)]
     train.main(args + ["--steps", "1"])
     config = read_log(out)[0]
-    assert config["data_identity"]["file"]["sha256"] == checkpoint.file_sha256(path)
+    assert config["data_identity"]["file"]["sha256"] == data.file_sha256(path)
     assert [f["file"] for f in config["data_identity"]["eval_files"]] == [str(bench)]
     problems_file(path, 41)  # one problem more
     line = refusal(args + ["--steps", "2", "--resume"])
