@@ -51,6 +51,8 @@ plots.py, which also draws each run's own figures).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import json
 import math
 import os
@@ -227,10 +229,25 @@ def mismatched_runs(jobs, out: Path, extra: list[str]) -> dict:
     return found
 
 
+def sigint_when_parent_dies(parent: int) -> None:
+    """In the child, before train.py starts (Linux): ask the kernel for a SIGINT when compare.py
+    dies, even by kill -9, when it can pass nothing on. train.py takes that SIGINT as Ctrl-C
+    (finish the step, checkpoint, exit 130), so no orphan trains on unseen and holds its run
+    directory's lock against the next `compare.py`, which resumes it. prctl(PR_SET_PDEATHSIG = 1);
+    elsewhere a no-op. If compare.py died before this line ran, the signal is sent here at once."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> subprocess.Popen:
     """Start train.py for one run in its own session (so a terminal's Ctrl-C reaches compare.py
-    only, which passes it on once). Output goes to RUN_DIR/train.out. An interrupted run continues
-    with --resume from its newest checkpoint; `fresh` (--redo-mismatched) starts it over."""
+    only, which passes it on once), told to stop if compare.py dies (sigint_when_parent_dies).
+    Output goes to RUN_DIR/train.out. An interrupted run continues with --resume from its newest
+    checkpoint; `fresh` (--redo-mismatched) starts it over."""
     run_dir = run_dir_for(out, arm, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [*TRAIN, *ARMS[arm], "--seed", str(seed), "--output-dir", str(run_dir), "--no-progress",
@@ -241,7 +258,8 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
     elif has_run:
         cmd.append("--resume")  # from its newest complete checkpoint (none: from scratch)
     with (run_dir / "train.out").open("ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                preexec_fn=functools.partial(sigint_when_parent_dies, os.getpid()))
 
 
 def tail(path: Path, lines: int = 25) -> str:

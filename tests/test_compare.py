@@ -357,6 +357,30 @@ def test_ctrl_c_stops_the_queue_and_passes_it_on_to_the_runs(tmp_path, fake_trai
     assert "2 stopped at their last checkpoint, 2 not started; run the same command again to resume" in err
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_kill_9_of_compare_stops_its_runs_instead_of_orphaning_them(tmp_path, fake_train):
+    """kill -9 of compare.py used to leave its train.py children training on, unseen, holding their
+    run directories' locks: now each gets one SIGINT from the kernel (checkpoint, exit), and the
+    next compare.py resumes them."""
+    argv = ["--quick", "--arms", "uniform", "coba", "--seeds", "0", "--jobs", "2", "--out", str(tmp_path)]
+    code = DRIVER.format(repo=str(compare.REPO), fake=str(fake_train), argv=argv)
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "FAKE_WAIT": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marks = lambda name: sorted(p.parent.name for p in (tmp_path / "runs").glob(f"*/{name}"))
+    for _ in range(2400):  # wait (bounded) until both runs are going
+        if len(marks("started")) == 2 or proc.poll() is not None:
+            break
+        subprocess.run(["sleep", "0.05"])
+    assert marks("started") == ["coba-seed0", "uniform-seed0"], proc.communicate()
+    proc.kill()  # SIGKILL: compare.py cannot pass anything on
+    proc.communicate(timeout=60)
+    for _ in range(1200):  # the fake exits on its first SIGINT; without one it waits ~2 min
+        if len(marks("got-sigint")) == 2:
+            break
+        subprocess.run(["sleep", "0.05"])
+    assert marks("got-sigint") == ["coba-seed0", "uniform-seed0"]
+
+
 def test_primary_metric_secondaries_and_evaluation_noise_by_hand():
     """Issue 19: avg@8 primary, greedy and pass@8 secondary; greedy-only runs (the committed results)
     and a mix fall back to greedy with a note; the footer's standard errors by hand."""
