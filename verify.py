@@ -269,6 +269,11 @@ _SIGNED = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
 _PLAIN = re.compile(rf"({_SIGNED})(%?)")
 _SLASH = re.compile(rf"({_SIGNED})/({_SIGNED})")
 _FRAC = re.compile(r"([+-]?)\\frac(?:\{(\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}|(\d)(\d))")
+# Scientific notation, after normalize() took the spaces out: 1.3e-3, 1.3E-3, 1.3\times10^{-3},
+# 1.3\cdot10^{5}, 2*10^5, 10^{-3} (Minerva's physics answers). At most 3 exponent digits: the
+# exact value is a Fraction, and 1e999999999 would be a billion-digit integer.
+_SCI = re.compile(rf"(?:({_SIGNED})(?:[eE]|(?:\\times|\\cdot|\*)10\^)|(?:([+-]?)10\^))"
+                  r"(?:\{([+-]?\d{1,3})\}|([+-]?\d{1,3}))")
 
 
 def _unwrap_box(s: str) -> str:
@@ -309,12 +314,16 @@ def normalize(s: str) -> str:
 
 def _as_numbers(s: str) -> set[Fraction] | None:
     """Exact value(s) of a normalized plain number: int, decimal, a/b, \\frac{a}{b}, x% (-> {x, x/100},
-    since 'what percent' questions are answered both ways). None if `s` is not one of these."""
+    since 'what percent' questions are answered both ways), scientific notation (1.3e-3,
+    1.3\\times10^{-3}). None if `s` is not one of these."""
     if m := _PLAIN.fullmatch(s):
         x = Fraction(m.group(1))
         return {x, x / 100} if m.group(2) else {x}
     if (m := _SLASH.fullmatch(s)) and Fraction(m.group(2)) != 0:
         return {Fraction(m.group(1)) / Fraction(m.group(2))}
+    if m := _SCI.fullmatch(s):
+        mantissa = Fraction(m.group(1)) if m.group(1) else Fraction(-1 if m.group(2) == "-" else 1)
+        return {mantissa * Fraction(10) ** int(m.group(3) or m.group(4))}
     if m := _FRAC.fullmatch(s):
         num, den = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
         if Fraction(den) != 0:

@@ -147,6 +147,11 @@ def test_normalize(raw, expected):
     ("0.50", ".5", "numeric"),
     (r"50\%", "0.5", "numeric"),  # 50% = 50/100
     ("50%", "50", "numeric"),  # ... or the number of percent
+    ("1.3e-3", r"1.3 \times 10^{-3}", "numeric"),  # scientific notation (Minerva's physics answers)
+    (r"4.5 \times 10^{33}", "4.5E33", "numeric"),
+    (r"1.3\cdot10^{-3}\text{ m}", "0.0013", "numeric"),
+    (r"10^{5}", "100000", "numeric"),
+    ("2*10^5", "2e+5", "numeric"),
     (r"\sqrt{2}/2", r"\frac{\sqrt2}{2}", "symbolic"),
     ("(x+1)^2", "x^2+2x+1", "symbolic"),
     (r"\{3, 2, 1\}", r"\{1,2,3\}", "symbolic"),  # sets ignore order
@@ -168,6 +173,9 @@ def test_equal_pairs(pred, ref, check):
     (r"\frac{1}{3}", "0.5", "numeric"),
     ("1,234", "1.234", "numeric"),  # 1234 vs 1.234
     ("50%", "0.05", "numeric"),  # neither 50 nor 0.5
+    (r"2 \times 10^{-3}", r"3 \times 10^{-3}", "numeric"),
+    ("1.3e-3", "0.0014", "numeric"),  # exact: no tolerance for rounding
+    ("1e999", "1", "numeric"),  # a 3-digit exponent is still exact (a 4-digit one goes to sympy)
     ("1/0", "0", "symbolic"),  # no division by zero on the numeric path
     (r"\sqrt{2}", r"\frac{\sqrt2}{2}", "symbolic"),
     ("(x-1)^2", "x^2+2x+1", "symbolic"),
