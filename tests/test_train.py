@@ -166,3 +166,21 @@ def test_evaluation_does_not_change_the_training_rollouts(tmp_path, toy_model_di
     _, frozen = train_records("frozen", "--eval-samples", "4", "--learning-rate", "0")
     evals = [r for r in frozen if r["type"] == "eval"]
     assert evals[0]["heldout_avg@4"] == evals[-1]["heldout_avg@4"]
+
+
+def test_no_progress_silences_every_bar(tmp_path, toy_model_dir, capfd):
+    """Issue 21.4: --no-progress leaves no bar on the terminal: ours, transformers' ("Loading weights",
+    "Writing model shards": the run loads the toy and saves a checkpoint) and the GGUF loader's bare
+    tqdm (SmolLM2), which ignores transformers' switch; the switch is this run's only."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_loader
+
+    import cli
+
+    train.main(SMALL + ["--steps", "1", "--save-every", "1", "--output-dir", str(tmp_path)])
+    out, err = capfd.readouterr()
+    assert "it/s" not in out + err and "%|" not in out + err, err[-400:]
+    with cli.progress_bars(False):
+        list(gguf_loader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+    assert "de-quantizing" not in capfd.readouterr().err
+    list(gguf_loader.tqdm(range(3), desc="de-quantizing, bar on again"))  # restored afterwards
+    assert "bar on again" in capfd.readouterr().err
