@@ -397,7 +397,10 @@ class VLLMGenerator:
             logprobs_mode="processed_logprobs",
             # no sampling defaults from the model's generation_config (config/model.py:354-360);
             # stop tokens are passed per request instead, the same set as the HF path's
-            generation_config="vllm")
+            generation_config="vllm",
+            # --no-progress also quiets vLLM's "Loading safetensors checkpoint shards" bar
+            # (EngineArgs.use_tqdm_on_load, engine/arg_utils.py:816)
+            use_tqdm_on_load=not getattr(args, "no_progress", False))
         self.stale = True  # the trainer's weights have not been pushed yet (pushed before generating)
         if self.sleep_mode:
             self.llm.sleep(level=2)

@@ -43,7 +43,7 @@ import rollout
 # The stand-in: exactly the vLLM 0.32 surface VLLMGenerator uses (checked against the source below)
 # ----------------------------------------------------------------------------------------------
 LLM_INIT_KWARGS = {"model", "dtype", "seed", "gpu_memory_utilization", "max_model_len", "enable_sleep_mode",
-                   "logprobs_mode", "generation_config"}
+                   "logprobs_mode", "generation_config", "use_tqdm_on_load"}
 SAMPLING_FIELDS = {"n", "seed", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "logprobs",
                    "detokenize"}
 LLM_METHODS = {  # name -> parameter names, as in vllm/entrypoints/llm.py
@@ -194,6 +194,12 @@ def make_args(sleep: bool, seed: int = 0):
                                  max_completion_length=8)
 
 
+def test_vllm_load_bar_follows_no_progress(fake_vllm, toy_model_dir):
+    fake, _ = fake_vllm
+    rollout.VLLMGenerator(types.SimpleNamespace(**vars(make_args(False)), no_progress=True), str(toy_model_dir))
+    assert fake.llm.kw["use_tqdm_on_load"] is False
+
+
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 BUDGETS = [2, 0, 3]  # B_1 = 0 happens in --probe's second round: no request, no rows
 
@@ -217,6 +223,7 @@ def test_vllm_call_order_token_ids_n_and_seeds(fake_vllm, toy, toy_model_dir, sl
     assert kw["model"] == str(toy_model_dir) and kw["dtype"] == "bfloat16" and kw["enable_sleep_mode"] is sleep
     assert kw["logprobs_mode"] == "processed_logprobs" and kw["gpu_memory_utilization"] == 0.3
     assert kw["max_model_len"] == 64  # 4096 + 8 clamped to the toy's max_position_embeddings = 64
+    assert kw["use_tqdm_on_load"] is True  # --no-progress not given: vLLM's load bar shows
     assert log == ([("LLM",), ("sleep", 2)] if sleep else [("LLM",)])
     del log[:]
 
