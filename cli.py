@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 from pathlib import Path
 
@@ -289,20 +288,16 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
 @contextlib.contextmanager
 def progress_bars(enabled: bool):
     """With --no-progress, transformers' own bars ("Loading weights", "Writing model shards") and the
-    hub's go quiet too, for this run only: the previous setting comes back afterwards. The GGUF
-    loader (SmolLM2) draws a bare tqdm that ignores transformers' switch ("Converting and
-    de-quantizing GGUF tensors"), so its module's tqdm is swapped for a disabled one meanwhile."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_loader
+    hub's go quiet too, for this run only: the previous setting comes back afterwards. (The GGUF
+    loader's bare bar follows the same switch: models.gguf_bar_follows_switch.)"""
     from transformers.utils import logging as hf_logging
 
-    was_enabled, bare_tqdm = hf_logging.is_progress_bar_enabled(), gguf_loader.tqdm
+    was_enabled = hf_logging.is_progress_bar_enabled()
     if not enabled:
         hf_logging.disable_progress_bar()
-        gguf_loader.tqdm = functools.partial(bare_tqdm, disable=True)
     try:
         yield
     finally:
-        gguf_loader.tqdm = bare_tqdm
         if was_enabled and not enabled:
             hf_logging.enable_progress_bar()
 

@@ -8,6 +8,8 @@ starts. Tests: tests/test_train.py (unknown model), tests/test_smollm2.py.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 from pathlib import Path
 
@@ -94,8 +96,8 @@ def identity_for(args, model, path: str) -> dict:
     return model_identity(path, gguf_file=gguf, revision=getattr(model.config, "_commit_hash", None))
 
 
-def round_ties_to_bf16(model) -> None:
-    """Round fp32 master weights to bf16 values, once, in place (a GGUF model only).
+def round_to_bf16(model) -> None:
+    """Round fp32 weights to bf16 values, once, in place (load_gguf calls it).
     Why: Q4_1 de-quantizes to d * q + m with fp16 d and m, and 8.1% of SmolLM2's weights land exactly
     half-way between two bf16 values (20.7% on one). A bf16 copy of the weights (vLLM's engine,
     bf16 autocast) rounds those ties to even; the first optimizer step, however small, breaks every
@@ -109,33 +111,64 @@ def round_ties_to_bf16(model) -> None:
                 p.copy_(p.to(torch.bfloat16))
 
 
+@contextlib.contextmanager
+def gguf_bar_follows_switch():
+    """transformers' GGUF loader draws a bare tqdm ("Converting and de-quantizing GGUF tensors")
+    that ignores transformers' progress-bar switch, which --no-progress turns off
+    (cli.progress_bars): while loading, its module's tqdm is a disabled one if the switch is off."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_loader
+    from transformers.utils import logging as hf_logging
+
+    bare_tqdm = gguf_loader.tqdm
+    if not hf_logging.is_progress_bar_enabled():
+        gguf_loader.tqdm = functools.partial(bare_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loader.tqdm = bare_tqdm
+
+
+def load_gguf(path: str, gguf_file: str):
+    """(model, tokenizer) from a GGUF file in directory `path`, de-quantized by transformers to fp32
+    and rounded to bf16 values (round_to_bf16): the trainer's start, and the directory vLLM loads
+    (rollout.vllm_model_dir), are the same weights. transformers leaves its GGUF quantizer on the
+    model, and save_pretrained then refuses ("quantized with gguf ... not serializable"): the marks
+    go, so checkpoints hold the plain weights that from_pretrained reads back. fp32, not bf16:
+    transformers warns on a bf16 GGUF load."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
+    with gguf_bar_follows_switch():
+        model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    round_to_bf16(model)
+    return model, tokenizer
+
+
 def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
     """Return (model, tokenizer, model_path) for 'toy', 'smollm2-135m', an alias, hub id or dir."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = {}
+    gguf = smollm2_gguf() if args.model == "smollm2-135m" else None
     if args.model in toy.TOY_MODELS:  # committed under lab/ (toy.py): the same weights on every machine
         path = str(toy.ensure_toy_model(args.model))
-    elif args.model == "smollm2-135m":
-        gguf = smollm2_gguf()
-        path, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+    elif gguf:
+        path = str(gguf.parent)
     else:
         path = MODEL_ALIASES.get(args.model, args.model)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        if gguf:
+            model, tokenizer = load_gguf(path, gguf.name)
+            model.to(dtype)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SystemExit(
             f"error: cannot load model '{args.model}' ({first[:200]}): pass 'toy', an alias ("
             f"{', '.join(MODEL_ALIASES)}), a hub id with network access, or a local model directory")
-    if "gguf_file" in kwargs:
-        # transformers de-quantizes a GGUF file to `dtype` tensors on load but leaves its GGUF quantizer
-        # on the model, and save_pretrained then refuses ("quantized with gguf ... not serializable"):
-        # drop the marks, so checkpoints hold the plain weights that from_pretrained reads back.
-        model.hf_quantizer = None
-        model.config.__dict__.pop("quantization_config", None)
-        round_ties_to_bf16(model)
     tokenizer.padding_side = "left"  # prompts end where generation starts
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -227,7 +227,8 @@ def sampler_logps_tensor(rows: list, T: int) -> torch.Tensor | None:
 
 def merge_groups(first: list, first_budgets: list[int], second: list, second_budgets: list[int]) -> list:
     """Two prompt-major row lists -> one: prompt i's rows of `first`, then its rows of `second`.
-    Keeps generate_groups' layout (used by train.py's --probe, whose step generates twice) (group i's B_i rows contiguous, in prompt order)."""
+    Keeps generate_groups' layout (group i's B_i rows contiguous, in prompt order) for train.py's
+    --probe, whose step generates twice."""
     out, a, b = [], 0, 0
     for n1, n2 in zip(first_budgets, second_budgets):
         out += first[a:a + n1] + second[b:b + n2]
@@ -277,15 +278,11 @@ def vllm_model_dir(model_path: str, cache_dir: str | os.PathLike | None = None) 
     out = cache / f"vllm-{ggufs[0].stem}"
     if (out / "config.json").exists():
         return str(out)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from models import load_gguf
 
     print(f"vLLM: de-quantizing {ggufs[0].name} into {out} (once)")
-    tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=ggufs[0].name)
-    # fp32 as train.py loads it (transformers warns on a bf16 GGUF load), stored as vLLM's bf16
-    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=ggufs[0].name, dtype=torch.float32)
-    model.to(torch.bfloat16)
-    model.hf_quantizer = None  # as train.py does: else save_pretrained refuses a "gguf-quantized" model
-    model.config.__dict__.pop("quantization_config", None)
+    model, tokenizer = load_gguf(str(path), ggufs[0].name)  # as train.py loads it: bf16 values already
+    model.to(torch.bfloat16)  # vLLM's dtype; exact, so the engine starts from the trainer's weights
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")  # renamed when complete: Ctrl-C leaves no half dir
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

