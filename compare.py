@@ -513,8 +513,10 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
     for r in runs:
         by.setdefault(r["arm"], {})[r["seed"]] = r
     base = by.get(baseline, {})
-    # secondary metrics (greedy accuracy, pass@k beside a primary avg@k): where every run has them
-    secondary = [key for key in SECONDARY if runs and all(r.get(key) is not None for r in runs)]
+    # secondary metrics (greedy accuracy, pass@k beside a primary avg@k; also paired against the
+    # baseline below) and signal_prompts (described only): where every run has them
+    optional = [key for key in (*SECONDARY, "signal_prompts") if runs and all(r.get(key) is not None for r in runs)]
+    secondary = [key for key in optional if key in SECONDARY]
     target = float(np.mean([r["final_acc"] for r in base.values()])) if base else float("nan")
     summary, diffs = [], []
     for arm, seeds in by.items():
@@ -524,7 +526,7 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
                     "prompts_at_min_budget"):
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
-        for key in secondary + [k for k in ("signal_prompts",) if all(r.get(k) is not None for r in runs)]:
+        for key in optional:
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
         reach = [rollouts_to_reach(np.array(r["rollouts"]), np.array(r["acc"]), target) for r in mine]
