@@ -92,6 +92,15 @@ REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024
 # 2-core machine (issue 19; train.py, REGIME, 4 steps, evals at 0, 2, 4; load ~5): the 8 samples
 # added 41 s for 3 evaluations (~14 s each) while a training step took ~2.3 s, so 100 steps ~230 s
 # train and 5 evaluations ~75 s; every 10 steps (11 evaluations, ~165 s) would cost 3/4 of training.
+# toy-reason (issue 30) has its own regime: worked solutions need the lr its calibration found
+# stable (3e-4; 5e-5 barely moves it), a 1,024-prompt pool revisited every 32 steps (CoBA needs
+# revisits to know pass rates: toy.make_sum_splits), and a step costs ~10x a 3-token step, so its
+# runs are shorter and evaluate less often (README: the cost of a step and of an evaluation).
+MODEL_REGIMES = {
+    "toy-reason": dict(flags=["--learning-rate", "3e-4", "--train-size", "1024", "--eval-size", "1024",
+                              "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "10"],
+                       steps=40, eval_every=20),
+}
 PRESETS = {
     "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
                      seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
@@ -680,10 +689,11 @@ def parse_args(argv):
     args.arms = args.arms or list(preset["arms"])
     args.seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else list(preset["seeds"]))
     # explicit values always win (--steps 0 is an error below, never the preset's 100)
+    regime = {} if args.quick else MODEL_REGIMES.get(args.model, {})  # its steps and evaluations, if it has its own
     if args.steps is None:
-        args.steps = 6 if args.quick else preset["steps"]
+        args.steps = 6 if args.quick else regime.get("steps", preset["steps"])
     if args.eval_every is None:
-        args.eval_every = 3 if args.quick else preset["eval_every"]
+        args.eval_every = 3 if args.quick else regime.get("eval_every", preset["eval_every"])
     # one-line errors (issue 16): nothing silently wrong
     if len(set(args.seeds)) != len(args.seeds):
         ap.error(f"--seeds has duplicates ({args.seeds}): each (arm, seed) is one run; pass distinct seeds")
@@ -731,7 +741,8 @@ def prepare_model(args) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args, train_flags = parse_args(argv)
     out = args.runs_out  # OUT, or OUT/model-NAME for another starting model
-    extra = [*(QUICK_FLAGS if args.quick else REGIME), "--steps", str(args.steps), "--eval-every",
+    regime = QUICK_FLAGS if args.quick else MODEL_REGIMES.get(args.model, {}).get("flags", REGIME)
+    extra = [*regime, "--steps", str(args.steps), "--eval-every",
              str(args.eval_every), "--eval-samples", str(args.eval_samples), "--model", args.model, *train_flags]
     jobs = [(a, s) for s in args.seeds for a in args.arms]
     table_dir = args.table_dir

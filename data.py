@@ -271,7 +271,9 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
     eval_names = check_eval_names(args.eval_files)
     if args.dataset == "toy":
         # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
-        train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
+        # The task follows the lab: toy-reason's worked running sums, else the 8-level arithmetic.
+        task = toy.task_of(toy.lab_name(args.model) or "toy")
+        train, test = toy.task_splits(task, 0, n_train=args.train_size, n_test=args.eval_size)
         evals = {"heldout": test}
     else:
         hub, config, qf, af, train_split, test_split = DATASET_ALIASES.get(
@@ -363,6 +365,8 @@ def data_identity(args, train: list[dict], evals: dict[str, list[dict]]) -> dict
     ident = {}
     if args.dataset == "toy":
         ident["toy"] = {"seed": 0, "n_train": args.train_size, "n_test": args.eval_size}
+        if toy.task_of(toy.lab_name(args.model) or "toy") != "arith":
+            ident["toy"]["task"] = toy.task_of(toy.lab_name(args.model))
     elif Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
         ident["file"] = file_id(args.dataset)
     else:
