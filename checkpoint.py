@@ -37,6 +37,7 @@ import torch
 from safetensors import SafetensorError
 
 import data
+import lora
 import models
 
 
@@ -205,7 +206,10 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler
             shutil.rmtree(old)
             _save_step_done(f"delete {old.name}")
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp)  # --use-peft: the adapter only (adapter_model.safetensors, peft's format)
+        if lora.is_lora(model) and step == args.steps:  # the run's end: also a plain model, W + s * B A
+            lora.save_merged(model, tokenizer, tmp / "merged")
+            (tmp / "merged" / "run_config.json").write_text(json.dumps(run_config(args)))  # --model keeps its preset
         _save_step_done("model")
         tokenizer.save_pretrained(tmp)
         _save_step_done("tokenizer")
@@ -254,8 +258,11 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -
 
     state = read("trainer_state.pt", lambda: torch.load(path / "trainer_state.pt", weights_only=False,
                                                         map_location="cpu"))
-    weights = read("model", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype).state_dict())
-    model.load_state_dict(weights)
+    if lora.is_lora(model):  # --use-peft: the adapter (the base is --model's, checked by check_identity)
+        lora.load_adapter(model, read("model", lambda: lora.read_adapter(path)))
+    else:
+        model.load_state_dict(read("model", lambda: AutoModelForCausalLM.from_pretrained(
+            path, dtype=model.dtype).state_dict()))
     optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
     scheduler.load_state_dict(state["scheduler"])
     try:
@@ -328,7 +335,8 @@ def check_identity(saved: dict, args, path: Path) -> None:
     """Refuse, in one line, to resume when the data or the model are not those of the saved run: the
     saved pass rates and prompt indices would point at other problems, and the tokenizer (and the
     --beta reference model) come from --model, not from the checkpoint. Base weights that differ
-    alone only warn (the checkpoint's weights are the ones trained) unless --beta > 0 uses them."""
+    alone only warn (the checkpoint's weights are the ones trained) unless --beta > 0 uses them or
+    --use-peft trains an adapter on top of them (its checkpoints hold the adapter, not the base)."""
     if saved.get("data_identity") and args.data_identity:
         what = data.identity_change(saved["data_identity"], args.data_identity)
         if what:
@@ -337,7 +345,7 @@ def check_identity(saved: dict, args, path: Path) -> None:
                              "with --overwrite or another --output-dir")
     if saved.get("model_identity") and args.model_identity:
         what, weights_only = models.identity_change(saved["model_identity"], args.model_identity)
-        if what and (not weights_only or args.beta > 0):
+        if what and (not weights_only or args.beta > 0 or getattr(args, "use_peft", False)):  # LoRA: W is frozen
             raise SystemExit(f"error: cannot resume {path}: {what}: restore --model {args.model} as it was, "
                              "or start a new run with --overwrite or another --output-dir")
         if what:

@@ -79,7 +79,13 @@ FLAG_RANGES = {
     "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
     "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
     "save_every": "[1, inf)", "threads": "[1, inf)", "log_completions": "[0, inf)",
+    "lora_r": "[1, inf)", "lora_alpha": "(0, inf)", "lora_dropout": "[0, 1)",
 }
+# --use-peft with no --learning-rate: 10x the preset's full fine-tuning rate (hub 1e-5, toy 2e-3), the
+# usual rule for LoRA: Schulman et al. 2025, "LoRA Without Regret" (Thinking Machines; reproduced in
+# TRL's docs, lora_without_regret) find LoRA's best lr ~10x full fine-tuning's. Ours, a default;
+# --learning-rate overrides it.
+LORA_LR_FACTOR = 10
 
 
 def out_of_range(value: float, interval: str) -> bool:
@@ -157,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 def add_training_flags(ap: argparse.ArgumentParser) -> None:
     """build_parser's second half: the GRPO update, generation, evaluation and the run itself."""
     g = ap.add_argument_group("GRPO (DeepSeekMath; paper App. C)")
-    g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4)")
+    g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4; "
+                   "--use-peft: 10x, cli.LORA_LR_FACTOR)")
     g.add_argument("--warmup-lr-steps", type=int, default=None, help="linear lr warm-up steps (paper 10)")
     g.add_argument("--beta", type=float, default=0.0, help="KL coefficient (TRL's name, not CoBA's beta_t); "
                    "0 = no reference model (paper)")
@@ -179,6 +186,16 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
                         "(rollout.SampledTokenLogps) and serve as the old policy's log-probs, instead of a "
                         "no-grad forward over all rows (--use-vllm keeps its own no-grad pass)")
+    g = ap.add_argument_group("LoRA (ours, not the paper: peft, TRL's flag names and defaults; lora.py, docs/lora.md)")
+    g.add_argument("--use-peft", action="store_true",
+                   help="train a LoRA adapter over a frozen base instead of all weights (memory: docs/lora.md); "
+                        "with --beta > 0 the KL reference is the base itself (adapter off), no second copy")
+    g.add_argument("--lora-r", type=int, default=16, help="r, the rank of LoRA's A (r, d_in) and B (d_out, r) (TRL 16)")
+    g.add_argument("--lora-alpha", type=float, default=32, help="alpha: the update is (alpha / r) * B A (TRL 32)")
+    g.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on LoRA's input (TRL 0.05)")
+    g.add_argument("--lora-target-modules", nargs="+", default=["all-linear"], metavar="NAME",
+                   help="linear layers to wrap (e.g. q_proj v_proj), or all-linear: every linear layer but the "
+                        "output layer (ours; TRL's default None means peft's per-model choice, q_proj v_proj on Qwen2)")
     g = ap.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper 1.0)")
     g.add_argument("--top-p", type=float, default=1.0, help="rollout nucleus sampling")
@@ -234,6 +251,8 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
     lab = toy.lab_name(args.model)  # a shipped lab, or a checkpoint trained from one: its preset
     preset = PRESETS[(lab if lab in PRESETS else "toy") if lab else "hub"]
+    if args.use_peft and args.learning_rate is None:
+        args.learning_rate = LORA_LR_FACTOR * preset["learning_rate"]
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -246,6 +265,9 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     if args.eval_only and args.resume:
         ap.error("--eval-only trains nothing, so there is nothing to --resume: pass --model CHECKPOINT_DIR "
                  "to evaluate a checkpoint")
+    if args.eval_only and args.use_peft:
+        ap.error("--eval-only trains nothing, so there is no adapter to add: drop --use-peft (a LoRA run's "
+                 "final checkpoint-<N>/merged is a plain model for --model)")
     check_prompt_template(args.prompt_template)
     if args.shared_prompt_forward is None:
         args.shared_prompt_forward = not args.gradient_checkpointing

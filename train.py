@@ -23,7 +23,8 @@ rl_step below is that one step; --probe (ours, not the paper) is probe_then_allo
 this file: the command line, its flags, toy vs real-model presets and range checks (cli.py); reading
 and checking data files (data.py); and what makes a run safe to stop and resume: atomic
 checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
-Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts, dynamic sampling.
+Left out on purpose: multi-GPU, DeepSpeed/FSDP, async rollouts, dynamic sampling. LoRA (--use-peft,
+ours) is lora.py: setup wraps the model, and the KL reference is the base under the adapter.
 Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm) and
 tests/test_arms.py (knapsack, coba-released, --probe); crashes, NaNs, a second run and bad data
 files: tests/test_reliability.py.
@@ -46,6 +47,7 @@ import torch
 import allocate
 import coba
 import grpo
+import lora
 import plots
 import tracking
 import verify
@@ -150,6 +152,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     micro = args.micro_batch_size
     old_logps, ref_logps = batch.get("old_logps"), None  # (N, T) generation's log-probs, or None
     own_first = old_logps is not None  # the first mini-batch takes its own detached forward as pi_old
+    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
     with torch.no_grad():
         # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
         if args.num_mini_batches > 1 and old_logps is None:
@@ -207,8 +210,10 @@ def make_optimizer(model, args):
         except ImportError:
             raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
                              "CUDA only): or use --optim adamw")
-        return bnb.optim.AdamW8bit(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    return torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+        return bnb.optim.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
+                                   weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # --use-peft: LoRA's A and B only
+    return torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
 
 
 def nonfinite(metrics: dict, model) -> list[str]:
@@ -230,7 +235,7 @@ class Run:
     out: Path
     model: torch.nn.Module
     tokenizer: object
-    ref_model: torch.nn.Module | None  # frozen initial policy for the KL term (--beta > 0)
+    ref_model: torch.nn.Module | lora.WithoutAdapter | None  # frozen initial policy for the KL term (--beta > 0)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     tracker: coba.CapabilityTracker
@@ -292,15 +297,21 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     args.data_identity = data_identity(args, train_set, eval_sets)
     check_identity({"data_identity": saved.get("data_identity")}, args, resume_from)
     # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
-    model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+    # --use-peft: the frozen base needs no master copy (bf16 with --bf16), LoRA's weights are fp32.
+    model, tokenizer, model_path = load_model_and_tokenizer(
+        args, device, torch.bfloat16 if args.use_peft and bf16 else torch.float32)
     args.model_identity = identity_for(args, model, model_path)
+    if args.use_peft:
+        model = lora.wrap(model, args)
     check_identity({"model_identity": saved.get("model_identity")}, args, resume_from)
     if args.overwrite:  # only now, with data and model loaded: a typo in either leaves the old run whole
         remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     ref_model = None
-    if args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
+    if args.beta > 0 and args.use_peft:  # the base under the adapter is the initial policy: no copy
+        ref_model = lora.WithoutAdapter(model)
+    elif args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
         ref_model = load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0]
         ref_model.eval().requires_grad_(False)  # frozen: bf16 weights are enough for log-probs
     optimizer = make_optimizer(model, args)
