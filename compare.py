@@ -9,6 +9,16 @@ only the split of B_total across prompts differs (and, for the `+probe` arms, ou
     python compare.py --preset ablation   # Tables 2-3 of the paper: schedules and fixed (alpha, beta)
     python compare.py --quick             # tiny version (what tests/test_compare.py runs)
     python compare.py --preset full --model toy-strong   # every arm on another starting model
+    python compare.py --preset headline --arms uniform coba dapo mopps mopps+coba --model toy-strong
+                                          # add the baselines of docs/arms.md to that sweep: the table's
+                                          # other arms stay, finished runs (runs/ or runs.jsonl) are reused
+
+Equal rollouts, not equal steps (issue 36): every arm ends at the same total rollouts, steps x B_total,
+on a rollouts axis. DAPO's arm (`dapo`) pays more than B_total for an update (its dropped groups),
+so it gets --max-rollouts and --eval-every-rollouts (equal_rollout_flags), makes fewer updates (the
+table's "updates" column) and is evaluated at the same rollout counts as the others; the arms that
+spend B_total a step keep their flags, so runs made before these arms existed are reused. MoPPS's
+arms draw their own prompts (the footer says so); all others share the seed's prompt order.
 
 Design (issue 12), so that a difference, if there is one, can be seen:
 - The regime (`REGIME`): lr 5e-5 and a 512-prompt pool revisited every 16 steps, so uniform GRPO's

@@ -8,10 +8,11 @@ file; checks every row (a row without a usable question or answer is skipped and
 --bad-rows error stops the run at its file:line); keeps only the final answer of a GSM8K/MATH
 solution (and normalises the benchmarks' answers); formats prompts (template, chat template); and
 skips problems whose prompt is over --max-prompt-length tokens; and the order in which the
-training loop draws them (PromptSampler: seeded epochs over the pool). It keeps file formats and their errors out of train.py,
+training loop draws them (PromptSampler: seeded epochs over the pool; MoPPSSampler: MoPPS's Thompson-
+sampled choice among them, --prompt-selection mopps, docs/arms.md). It keeps file formats and their errors out of train.py,
 whose loop only sees records. No model, no torch.
 Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits),
-tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
+tests/test_arms_dapo_mopps.py (MoPPS), tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
 """
 from __future__ import annotations
 

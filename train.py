@@ -23,10 +23,13 @@ rl_step below is that one step; --probe (ours, not the paper) is probe_then_allo
 this file: the command line, its flags, toy vs real-model presets and range checks (cli.py); reading
 and checking data files (data.py); and what makes a run safe to stop and resume: atomic
 checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
-Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts, dynamic sampling.
-Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm) and
-tests/test_arms.py (knapsack, coba-released, --probe); crashes, NaNs, a second run and bad data
-files: tests/test_reliability.py.
+The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_rollouts: blocks of
+M x G until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
+from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
+Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts.
+Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm),
+tests/test_arms.py (knapsack, coba-released, --probe) and tests/test_arms_dapo_mopps.py (dapo, mopps,
+mopps+coba); crashes, NaNs, a second run and bad data files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
@@ -480,14 +483,14 @@ def evaluate_inside(run: Run, step: int, before: int, after: int) -> None:
             run_eval(run, step + 1, extra={"rollouts": X, "before_update": True})
 
 
-def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows) -> tuple[dict, dict]:
+def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows) -> tuple[dict, dict, dict]:
     """Steps 6-7: group advantages on ragged groups, then the clipped surrogate's optimizer steps.
-    Returns (metrics, batch info). An empty batch (DAPO at its block limit with no group kept)
+    Returns (metrics, batch info, the advantages' group stats). An empty batch (DAPO at its block limit with no group kept)
     makes no optimizer step: its gradient is zero, and AdamW's momentum alone would move the weights."""
     args = run.args
     if not completion_ids:
-        return {"skipped_update": True}, {"completion_length": 0.0, "completion_tokens": 0}
-    advantages, _ = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
+        return {"skipped_update": True}, {"completion_length": 0.0, "completion_tokens": 0}, {}
+    advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
     ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids.tolist()], completion_ids,
                                run.tokenizer.pad_token_id)
     batch = {"input_ids": ids.to(run.device), "attention_mask": attn.to(run.device),
@@ -501,14 +504,14 @@ def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, grou
     stop_if_nonfinite(run, step, metrics)
     if run.generator is not None:
         run.generator.sync_weights(run.model)
-    return metrics, {"completion_length": float(cmask.sum(1).float().mean()), "completion_tokens": int(cmask.sum())}
+    return (metrics, {"completion_length": float(cmask.sum(1).float().mean()), "completion_tokens": int(cmask.sum())},
+            adv_stats)
 
 
-def spent_stats(dyn, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict:
+def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
     """The log's reward and zero-signal fields over every rollout this step spent: the batch, or
     with DAPO every generated group (dropped ones included), plus DAPO's own counts."""
-    if dyn is None:
-        _, stats = grpo.group_advantages(rewards, group_ids)
+    if dyn is None:  # stats: grpo.group_advantages' over the batch
         n_groups, zero_groups, zero_rollouts = stats["num_groups"], stats["zero_signal_groups"], stats["zero_signal_rollouts"]
         extra = {"step_rollouts": len(rewards), "step_groups": n_groups}
     else:
@@ -560,7 +563,7 @@ def rl_step(run: Run, step: int) -> dict:
     run.counters["rollouts"] += dyn.rollouts if dyn is not None else len(completion_ids)
     evaluate_inside(run, step, before, run.counters["rollouts"])
     # 6.-7. group advantages on ragged groups; clipped surrogate, mini-batch optimizer steps
-    metrics, lengths = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows)
+    metrics, lengths, adv_stats = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows)
     # 8. log
     run.counters["seconds"] += time.time() - t0
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
@@ -571,7 +574,7 @@ def rl_step(run: Run, step: int) -> dict:
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
-        **spent_stats(dyn, rewards, group_ids),
+        **spent_stats(dyn, rewards, adv_stats),
         "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
