@@ -39,6 +39,8 @@ import tracking
 from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
 from models import MODEL_ALIASES
 
+PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks the M prompts
+
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
     "toy": dict(learning_rate=2e-4, max_completion_length=8, num_generations=8, prompts_per_step=32,
@@ -78,6 +80,8 @@ FLAG_RANGES = {
     "vllm_gpu_memory_utilization": "(0, 1]", "vllm_importance_sampling_cap": "(0, inf)",
     "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
     "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
+    "max_num_gen_batches": "[1, inf)", "mopps_ratio": "[1, inf)", "mopps_decay": "[0, 1]",
+    "max_rollouts": "[1, inf)", "eval_every_rollouts": "[1, inf)",
     "save_every": "[1, inf)", "threads": "[1, inf)", "log_completions": "[0, inf)",
     "lora_r": "[1, inf)", "lora_alpha": "(0, inf)", "lora_dropout": "[0, 1)",
 }
@@ -156,8 +160,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(ours, not in the paper) each step first gives every prompt B_low rollouts and "
                         "updates its pass rate from them, then allocates the rest of the same B_total")
     g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
+    add_arm_flags(ap)
     add_training_flags(ap)
     return ap
+
+
+def add_arm_flags(ap: argparse.ArgumentParser) -> None:
+    """The two published baselines beside CoBA-RL and the equal-rollouts budget (docs/arms.md)."""
+    g = ap.add_argument_group("comparison arms: DAPO dynamic sampling, MoPPS prompt selection (docs/arms.md)")
+    g.add_argument("--dynamic-sampling", action="store_true",
+                   help="DAPO (arXiv 2503.14476 §3.2; verl filter_groups): generate blocks of M prompts x G "
+                        "rollouts until M groups whose rewards are not all equal are kept; the surplus and the "
+                        "zero-signal groups are dropped but their rollouts count as spent. --allocator uniform only")
+    g.add_argument("--max-num-gen-batches", type=int, default=10,
+                   help="DAPO's block limit per update (verl's max_num_gen_batches; DAPO recipe 10). At the "
+                        "limit verl stops the run with an error; we update on the partial batch and log it")
+    g.add_argument("--prompt-selection", choices=PROMPT_SELECTIONS, default="sampler",
+                   help="step 1: sampler = seeded epochs over the pool (every arm's default); mopps = MoPPS "
+                        "(arXiv 2507.04632): Thompson-sample a Beta posterior per prompt over --mopps-ratio x M "
+                        "candidates, keep the M nearest p = 0.5 (with --allocator coba: MoPPS picks, CoBA splits)")
+    g.add_argument("--mopps-ratio", type=int, default=8,
+                   help="MoPPS: candidates per step = ratio x M (released ts_ratio: 8 in its countdown and "
+                        "geometry scripts, 16 for math)")
+    g.add_argument("--mopps-decay", type=float, default=1.0,
+                   help="MoPPS lambda: each visit decays a prompt's Beta counts towards Beta(1, 1) by lambda "
+                        "(released bandit_decay_ratio: config 1.0 = no decay, launch scripts 0.5)")
+    g.add_argument("--max-rollouts", type=int, default=None,
+                   help="(ours) end the run once this many rollouts are spent, or at --steps updates, whichever "
+                        "comes first: equal rollouts for arms whose updates cost more than M x G (DAPO). A "
+                        "multiple of B_total")
+    g.add_argument("--eval-every-rollouts", type=int, default=None,
+                   help="(ours) evaluate each time this many more rollouts are spent, instead of every "
+                        "--eval-every steps; a point inside an update's generation evaluates the policy before "
+                        "that update (it has not learnt from those rollouts yet). A multiple of B_total")
 
 
 def add_training_flags(ap: argparse.ArgumentParser) -> None:
@@ -292,6 +327,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
         args.total_budget = M * G
     if args.max_budget is None:
         args.max_budget = 128 if args.model not in toy.TOY_MODELS else 4 * G
+    check_arm_flags(args, ap)
     try:
         allocate.check_feasible(M, args.total_budget, args.min_budget, args.max_budget)
         args.schedule_obj = coba.parse_schedule(args.schedule)
@@ -302,6 +338,20 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     except ValueError as e:
         ap.error(str(e))
     return args
+
+
+def check_arm_flags(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    """The comparison arms' combinations (docs/arms.md), once B_total is known."""
+    if args.dynamic_sampling and (args.allocator != "uniform" or args.probe or args.prompt_selection != "sampler"):
+        ap.error("--dynamic-sampling is DAPO's arm: G rollouts for each of M prompts a block, so it takes "
+                 "--allocator uniform, no --probe and --prompt-selection sampler")
+    for key in ("max_rollouts", "eval_every_rollouts"):  # every arm spends whole multiples of B_total
+        value = getattr(args, key)
+        if value is not None and value % args.total_budget:
+            ap.error(f"--{key.replace('_', '-')} {value} is not a multiple of B_total = {args.total_budget} "
+                     "(the rollouts of one step, or of one DAPO block): pass a multiple")
+    if args.eval_every_rollouts is not None:  # it replaces --eval-every, recorded so
+        args.eval_every = 0
 
 
 @contextlib.contextmanager
