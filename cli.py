@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with CoBA-RL budget allocation (arXiv 2602.03048). With no arguments: "
                     "the offline toy on CPU.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = ap.add_argument_group("model and data")
-    g.add_argument("--model", default="toy", help="'toy' or 'toy-strong' (offline models committed under lab/, see toy.py), an alias ("
+    g.add_argument("--model", default="toy-reason", help="'toy-reason' (the default: worked solutions), 'toy' or 'toy-strong' "
+                   "(offline models committed under lab/, see toy.py), an alias ("
                    + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
     g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
                    + "), a hub dataset name, or a local .jsonl/.json/.parquet file")

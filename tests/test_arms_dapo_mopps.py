@@ -248,7 +248,7 @@ def test_bad_arm_flags_are_one_line_errors(flags, words, capsys):
 
 def test_mopps_candidates_must_fit_the_pool(tmp_path, toy_model_dir):
     with pytest.raises(SystemExit, match="--mopps-ratio 8 x --prompts-per-step 8 = 64 candidates .* 32 training"):
-        train.main(["--prompt-selection", "mopps", "--train-size", "32", "--prompts-per-step", "8", "--steps", "1",
+        train.main(["--model", "toy", "--prompt-selection", "mopps", "--train-size", "32", "--prompts-per-step", "8", "--steps", "1",
                     "--no-progress", "--output-dir", str(tmp_path)])
     assert not (tmp_path / "log.jsonl").exists()
 

@@ -25,7 +25,7 @@ import rollout
 import train
 from test_rollout import FakeVLLM
 
-SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
+SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
 QUESTIONS = ["2+3=", "9*9=", "40-7=", "47*38="]
 
@@ -87,7 +87,7 @@ def test_wrap_counts_and_freezes(toy_model_dir):
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_step_moves_lora_weights_only(toy_model_dir, checkpointing):
     ap = train.build_parser()
-    args = train.resolve_args(ap.parse_args(["--use-peft", "--no-progress"]
+    args = train.resolve_args(ap.parse_args(["--model", "toy", "--use-peft", "--no-progress"]
                                             + ["--gradient-checkpointing"] * checkpointing), ap)
     model = base_model(toy_model_dir)
     if checkpointing:
@@ -234,7 +234,7 @@ def test_resume_refuses_another_adapter_shape(toy_model_dir, tmp_path):
 
 
 def test_train_py_use_peft_20_steps_on_the_toy(toy_model_dir, tmp_path):
-    summary = train.main(["--use-peft", "--steps", "20", "--prompts-per-step", "8", "--eval-size", "64",
+    summary = train.main(["--model", "toy", "--use-peft", "--steps", "20", "--prompts-per-step", "8", "--eval-size", "64",
                           "--no-progress", "--output-dir", str(tmp_path)])
     log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert log[0]["use_peft"] and log[0]["learning_rate"] == 2e-3  # 10x the toy's 2e-4 (cli.LORA_LR_FACTOR)
@@ -255,7 +255,7 @@ def test_lora_flags_defaults_and_one_line_errors(toy_model_dir, tmp_path, capsys
     assert (args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules) == (16, 32, 0.05, ["all-linear"])
     assert args.learning_rate == pytest.approx(1e-5)  # hub preset 1e-6 x 10
     assert train.resolve_args(ap.parse_args(["--use-peft", "--learning-rate", "3e-6"]), ap).learning_rate == 3e-6
-    assert train.resolve_args(ap.parse_args([]), ap).learning_rate == 2e-4  # without LoRA: unchanged
+    assert train.resolve_args(ap.parse_args(["--model", "toy"]), ap).learning_rate == 2e-4  # without LoRA: unchanged
     for bad, needle in ((["--lora-r", "0"], "--lora-r must be in"), (["--lora-dropout", "1"], "--lora-dropout must be in"),
                         (["--eval-only", "--use-peft"], "drop --use-peft")):
         with pytest.raises(SystemExit):

@@ -153,7 +153,7 @@ def test_train_py_use_vllm_30_steps_keeps_the_logp_gap_flat(engine, tmp_path, mo
     # own weights before its first rollout.
     monkeypatch.setattr(train, "VLLMGenerator", lambda args, path: engine)
     engine.sync_weights(None)
-    train.main(["--use-vllm", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
+    train.main(["--model", "toy", "--use-vllm", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
                 "--train-size", "256", "--eval-size", "16", "--eval-every", "0", "--save-every", "1000",
                 "--no-progress", "--output-dir", str(tmp_path)])
     lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -202,7 +202,7 @@ def test_train_py_use_vllm_use_peft_30_steps_keeps_the_logp_gap_flat(engine, tmp
 
     monkeypatch.setattr(train, "VLLMGenerator", lambda args, path: engine)
     engine.sync_weights(None)
-    train.main(["--use-vllm", "--use-peft", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
+    train.main(["--model", "toy", "--use-vllm", "--use-peft", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
                 "--train-size", "256", "--eval-size", "16", "--eval-every", "0", "--save-every", "1000",
                 "--no-progress", "--output-dir", str(tmp_path)])
     lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
