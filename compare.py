@@ -66,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
+import paths
 from plots import budget_by_pass_rate, plot_comparison
 
 REPO = Path(__file__).resolve().parent
@@ -257,8 +258,10 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
         cmd.append("--overwrite")  # train.py deletes that run's log and checkpoints, nothing else
     elif has_run:
         cmd.append("--resume")  # from its newest complete checkpoint (none: from scratch)
+    # in this process's directory, as every relative path in cmd is meant (--out, a --dataset file): with
+    # cwd=REPO a run started outside the repo wrote its log into REPO/OUT/runs, where no one looked (issue 32)
     with (run_dir / "train.out").open("ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=functools.partial(sigint_when_parent_dies, os.getpid()))
 
 
@@ -697,9 +700,8 @@ def parse_args(argv):
         ap.error(f"--eval-samples must be >= 0 (0: greedy accuracy only), got {args.eval_samples}")
     if args.eval_every < 1:
         ap.error(f"--eval-every must be >= 1 (the curves need evaluations along training), got {args.eval_every}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        ap.error(f"--out {out} is a file: pass a directory")
+    out = paths.check_path("--out", args.out, "dir")  # not empty (Path("") is the current directory), not a file
+    paths.check_path("--model", args.model, "name")
     if train_flags and not args.plots_only:
         taken = sorted(user_train_flags(train_flags) & set(OWN_FLAGS))
         if taken:
@@ -708,6 +710,8 @@ def parse_args(argv):
     tag = "" if args.model == "toy" else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", args.model).strip("_")
     args.table_dir = out / (("quick" if args.quick else args.preset) + tag)
     args.runs_out = out / f"model{tag}" if tag else out  # runs of another model never meet the toy's
+    for where in (args.table_dir, args.runs_out / "runs"):  # where tables and runs go: folders too
+        paths.check_path("--out", str(where), "dir")
     return args, train_flags
 
 

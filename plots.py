@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from paths import check_no_links, check_path
+
 PASS_BINS = np.linspace(0, 1, 11)  # pass-rate bins of the budget-vs-pass-rate figures
 EVAL_META = ("type", "step", "rollouts")  # eval record keys that are not an accuracy
 
@@ -344,6 +346,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap = argparse.ArgumentParser(description="Draw a run's figures into RUN_DIR/plots/ from RUN_DIR/log.jsonl.")
     ap.add_argument("run_dirs", nargs="+", help="train.py --output-dir directories")
     args = ap.parse_args(argv)
+    for d in args.run_dirs:  # every directory checked before any figure is drawn (paths.py)
+        check_path("RUN_DIR", d, "dir", exists=True)
+        check_path("RUN_DIR", str(Path(d) / "plots"), "dir")
+        check_no_links("RUN_DIR", Path(d), lambda name: name == "plots")
     paths = []
     for d in args.run_dirs:
         mine = plot_run(d)

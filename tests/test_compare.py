@@ -77,9 +77,9 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
                         (["--alloc", "knapsack"], "--allocator would override .* use --arms"),
                         (["--learning-rte", "0.01"], "unrecognized arguments: --learning-rte")):
         (tmp_path / "f").write_text("x")
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exc:  # argparse's usage line + error, or one `error: ...` (paths.py)
             compare.parse_args(argv)
-        assert re.search(words, capsys.readouterr().err), words
+        assert re.search(words, capsys.readouterr().err + str(exc.value.code)), words
     # explicit values win over --quick's (they used to be replaced by 6 and 3 without a word)
     args, _ = compare.parse_args(["--quick", "--steps", "9", "--eval-every", "2"])
     assert (args.steps, args.eval_every, args.seeds) == (9, 2, [0, 1])
