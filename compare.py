@@ -379,6 +379,20 @@ def write_store(table_dir: Path, store: dict, first: list) -> None:
         write_atomic(table_dir / "runs.jsonl", "".join(json.dumps(store[k]) + "\n" for k in order))
 
 
+RESULTS_FILES = ("runs.jsonl", "compare.jsonl", "table.md")  # PRESET's results (the PNGs are drawings of them)
+
+
+def redraw_report(table_dir: Path, before: dict) -> str:
+    """--plots-only's line on what it rewrote: the results files whose bytes differ from those it
+    replaced (`before`: name -> bytes). Same runs, same code: none. The committed tables are not
+    rewritten silently when this code tables them differently from the code that wrote them."""
+    changed = [n for n in RESULTS_FILES if n in before and (table_dir / n).read_bytes() != before[n]]
+    if not changed:
+        return f"redraw: {', '.join(n for n in RESULTS_FILES if n in before)} in {table_dir} byte-identical to before"
+    return (f"redraw: {' and '.join(changed)} in {table_dir} changed: this code summarises or tables the runs "
+            "differently from the code that wrote them (git diff shows how)")
+
+
 def table_coverage(table_dir: Path) -> set:
     """The (arm, seed) runs the existing compare.jsonl (and so table.md and the plots) reports."""
     return {(r["arm"], s) for r in read_jsonl(table_dir / "compare.jsonl") if r.get("type") == "summary"
@@ -784,6 +798,7 @@ def main(argv: list[str] | None = None) -> dict:
         if any(r.get("type") == "summary" for r in log):
             store[(a, s)] = summarise_run(a, s, log)
         runs.append(store[(a, s)])
+    before = {p.name: p.read_bytes() for p in map(table_dir.joinpath, RESULTS_FILES) if p.is_file()}
     table_dir.mkdir(parents=True, exist_ok=True)
     write_store(table_dir, store, jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
@@ -792,7 +807,9 @@ def main(argv: list[str] | None = None) -> dict:
               "train_flags": extra, "arms": {a: ARMS[a] for a in args.arms}, "seeds": args.seeds,
               "model": args.model, "wall_seconds": round(wall, 1)}
     if args.plots_only and old_config.get("type") == "config":
-        config = {**old_config, "redrawn_by": config["argv"]}
+        # the sweep's record as it was: how a redraw was invoked is no result, and recording it
+        # (an earlier "redrawn_by") rewrote a committed line at every redraw (issue 32)
+        config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
     plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric)  # plots.py draws
@@ -801,6 +818,8 @@ def main(argv: list[str] | None = None) -> dict:
     table = markdown_table(summary, diffs, metric, pass_k, footer) if summary else "(no uniform runs: no table)"
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
+    if args.plots_only:
+        print(redraw_report(table_dir, before))
     missing = len(jobs) - len(runs)
     print(f"wall time {wall:.0f} s ({len(runs)} finished runs{f', {missing} not found' if missing else ''}); "
           f"wrote {table_dir / 'compare.jsonl'}, table.md and {len(plots)} plots")

@@ -28,6 +28,8 @@ import train
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12", "--steps", "1"]
+RESULTS = ("runs.jsonl", "compare.jsonl", "table.md")  # a results folder's tables (compare.RESULTS_FILES)
+COMMITTED = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("compare.jsonl"))
 
 
 def refusal(call, *args) -> str:
@@ -48,6 +50,35 @@ def cwd(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir").mkdir()
     return here
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. A redraw reproduces the committed tables byte for byte
+# ---------------------------------------------------------------------------------------------
+def redraw_argv(table_dir: Path, out: Path) -> list[str]:
+    """The --plots-only command that redraws a results folder: its sweep's preset, model and seeds,
+    and the arms its table reports, in the table's order."""
+    rows = compare.read_jsonl(table_dir / "compare.jsonl")
+    config, arms = rows[0], [r["arm"] for r in rows if r.get("type") == "summary"]
+    return ["--plots-only", "--preset", config["preset"], "--model", config["model"], "--arms", *arms,
+            "--seeds", *map(str, config["seeds"]), "--out", str(out)]
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=str)
+def test_plots_only_on_a_committed_results_folder_changes_no_byte(folder, tmp_path, monkeypatch, capsys):
+    assert COMMITTED, "no committed results/*/compare.jsonl found"
+    table_dir = tmp_path / folder
+    shutil.copytree(ROOT / folder, table_dir, ignore=shutil.ignore_patterns("*.png"))
+    committed = {n: (ROOT / folder / n).read_bytes() for n in RESULTS}
+    monkeypatch.setattr(compare, "plot_comparison", lambda *a, **k: [])  # figures: see the docstring
+    compare.main(redraw_argv(table_dir, table_dir.parent))
+    assert {n: (table_dir / n).read_bytes() for n in RESULTS} == committed
+    assert f"runs.jsonl, compare.jsonl, table.md in {table_dir} byte-identical to before" in capsys.readouterr().out
+    # a table that this code draws otherwise than the committed one is rewritten, and said so
+    (table_dir / "table.md").write_bytes(committed["table.md"] + b"a line from older code\n")
+    compare.main(redraw_argv(table_dir, table_dir.parent))
+    assert f"redraw: table.md in {table_dir} changed" in capsys.readouterr().out
+    assert (table_dir / "table.md").read_bytes() == committed["table.md"]
 
 
 # ---------------------------------------------------------------------------------------------
