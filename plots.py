@@ -45,7 +45,9 @@ def _save(fig, path: Path) -> Path:
     plt = _plt()
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, dpi=110, format="png")
+    # no "Software: Matplotlib version ..." text chunk: a redraw under another matplotlib release that
+    # draws the same pixels writes the same bytes (Agg PNGs hold no date; issue 32)
+    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
     plt.close(fig)
     os.replace(tmp, path)  # whole or not at all, like the other results files
     return path

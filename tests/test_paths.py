@@ -81,6 +81,14 @@ def test_plots_only_on_a_committed_results_folder_changes_no_byte(folder, tmp_pa
     assert (table_dir / "table.md").read_bytes() == committed["table.md"]
 
 
+def test_pngs_carry_no_matplotlib_version(tmp_path):
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1], [0, 1])
+    png = plots._save(fig, tmp_path / "a.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and b"Software" not in png and b"Matplotlib" not in png
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. Path flags: empty, blank, file for folder and folder for file, symlinked run files
 # ---------------------------------------------------------------------------------------------
