@@ -67,6 +67,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from paths import check_path
+
 REPO = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT_S = 300  # per part; the solution's slowest part (GRPO, a tiny Qwen2) takes ~10 s
 ANSWER_PLACEHOLDER = "_(your answer)_"
@@ -939,19 +941,22 @@ def main(argv=None) -> int:
     sub.add_parser("check", help="isolation check: each part 0 on its stub, full alone, no effect on others")
     args = ap.parse_args(argv)
 
+    # every path flag is checked before anything is built or graded (paths.py): '' is not "here"
     if args.command == "build":
-        out = Path(args.out)
+        out = check_path("--out", args.out, "dir")
         build(out)
         n = sum(len(p.functions) for p in auto_parts())
         print(f"wrote {out}/: {n} functions stubbed in {', '.join(EXERCISE_FILES)}; ASSIGNMENT.md, ANSWERS.md\n"
               f"next: python assignment.py grade {out}")
         return 0
     if args.command == "grade":
-        root = Path(args.dir)
+        root = check_path("DIR", args.dir, "dir", exists=True)
+        # the default too: DIR/gradescope.json may be a folder; --json '' is an error, not the default
+        json_path = check_path("--json", str(root / "gradescope.json") if args.json is None else args.json, "file")
+        check_path("--json's folder", str(json_path.parent), "dir")
         t0 = time.perf_counter()
         print(f"grading {root.resolve()}", flush=True)
         rows = grade(root, parts=set(args.part) if args.part else None, timeout=args.timeout)
-        json_path = Path(args.json) if args.json else root / "gradescope.json"
         json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = json_path.with_name(f".{json_path.name}.tmp{os.getpid()}")  # whole or not at all
         tmp.write_text(json.dumps(gradescope_json(rows, root, time.perf_counter() - t0), indent=2) + "\n")

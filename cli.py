@@ -12,6 +12,7 @@ about turning argv into a checked argparse.Namespace lives here instead:
     resolve_args                       fill the presets, then reject a bad value or combination in
                                        one line that names the fix (`error: --x must be in ...`),
                                        before anything slow loads
+    check_path_flags                   its first step: every flag naming a file or folder (paths.py)
     progress_bars                      what --no-progress does to transformers' own bars
     closing_line, eval_table           what a run prints last: the start and end accuracies
                                        (avg@k first), and --eval-only's table
@@ -21,7 +22,7 @@ coba.py's and allocate.py's; resolve_args calls them so that they fail here, not
 compare.py builds each arm's flags with build_parser and resolve_args too. Used as
 `ap = build_parser(); args = resolve_args(ap.parse_args(argv), ap)` (train.main).
 Tests: tests/test_reliability.py (flag ranges, --device), tests/test_evalsets.py (presets),
-tests/test_safety.py and tests/test_train.py (--prompt-template).
+tests/test_safety.py and tests/test_train.py (--prompt-template), tests/test_paths.py (path flags).
 """
 from __future__ import annotations
 
@@ -33,13 +34,20 @@ import numpy as np
 import torch
 
 import allocate
+import checkpoint
 import coba
+import paths
 import toy
 import tracking
 from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
 from models import MODEL_ALIASES
 
 PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks the M prompts
+# What a run writes, truncates or deletes at the top of OUTPUT_DIR (with checkpoint.OURS, its
+# checkpoint-<N> folders): none of them may be a symlink (check_path_flags), or the run would change
+# what the link points to, outside OUTPUT_DIR.
+RUN_ENTRIES = ("log.jsonl", "log.jsonl.tmp", ".lock", "plots", tracking.COMPLETIONS, tracking.TB_DIR,
+               tracking.WANDB_ID, "wandb")
 
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
@@ -283,8 +291,26 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="no progress bars (ours, the toy's warm-up, and transformers' load/save bars)")
 
 
+def check_path_flags(args: argparse.Namespace) -> None:
+    """Every flag of train.py that names a file or folder (paths.py), before anything is read or
+    written: --output-dir a folder (not empty, not a file) holding no symlinked run file; --model and
+    --dataset not empty (a local model is a folder, a .jsonl/.json/.parquet dataset an existing file);
+    each --eval-files an existing file."""
+    out = paths.check_path("--output-dir", args.output_dir, "dir")
+    paths.check_no_links("--output-dir", out, lambda name: name in RUN_ENTRIES or checkpoint.OURS.fullmatch(name))
+    named = args.model in toy.TOY_MODELS or args.model in MODEL_ALIASES or args.model == "smollm2-135m"
+    paths.check_path("--model", args.model, "name")
+    if not named:  # a local model is a folder (from_pretrained's); a hub id that is no path passes
+        paths.check_path("--model", args.model, "dir")
+    local = Path(args.dataset).suffix in (".jsonl", ".json", ".parquet")  # data.load_data's rule
+    paths.check_path("--dataset", args.dataset, "file" if local else "name", exists=local)
+    for path in args.eval_files:
+        paths.check_path("--eval-files", path, "file", exists=True)
+
+
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
+    check_path_flags(args)
     lab = toy.lab_name(args.model)  # a shipped lab, or a checkpoint trained from one: its preset
     preset = PRESETS[(lab if lab in PRESETS else "toy") if lab else "hub"]
     if args.use_peft and args.learning_rate is None:

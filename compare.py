@@ -76,6 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
+import paths
 from plots import budget_by_pass_rate, plot_comparison
 
 REPO = Path(__file__).resolve().parent
@@ -333,8 +334,10 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
         cmd.append("--overwrite")  # train.py deletes that run's log and checkpoints, nothing else
     elif has_run:
         cmd.append("--resume")  # from its newest complete checkpoint (none: from scratch)
+    # in this process's directory, as every relative path in cmd is meant (--out, a --dataset file): with
+    # cwd=REPO a run started outside the repo wrote its log into REPO/OUT/runs, where no one looked (issue 32)
     with (run_dir / "train.out").open("ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=functools.partial(sigint_when_parent_dies, os.getpid()))
 
 
@@ -450,6 +453,20 @@ def write_store(table_dir: Path, store: dict, first: list) -> None:
     order = [k for k in first if k in store] + [k for k in store if k not in first]
     if order:
         write_atomic(table_dir / "runs.jsonl", "".join(json.dumps(store[k]) + "\n" for k in order))
+
+
+RESULTS_FILES = ("runs.jsonl", "compare.jsonl", "table.md")  # PRESET's results (the PNGs are drawings of them)
+
+
+def redraw_report(table_dir: Path, before: dict) -> str:
+    """--plots-only's line on what it rewrote: the results files whose bytes differ from those it
+    replaced (`before`: name -> bytes). Same runs, same code: none. The committed tables are not
+    rewritten silently when this code tables them differently from the code that wrote them."""
+    changed = [n for n in RESULTS_FILES if n in before and (table_dir / n).read_bytes() != before[n]]
+    if not changed:
+        return f"redraw: {', '.join(n for n in RESULTS_FILES if n in before)} in {table_dir} byte-identical to before"
+    return (f"redraw: {' and '.join(changed)} in {table_dir} changed: this code summarises or tables the runs "
+            "differently from the code that wrote them (git diff shows how)")
 
 
 def table_coverage(table_dir: Path) -> set:
@@ -808,9 +825,8 @@ def parse_args(argv):
         ap.error(f"--eval-samples must be >= 0 (0: greedy accuracy only), got {args.eval_samples}")
     if args.eval_every < 1:
         ap.error(f"--eval-every must be >= 1 (the curves need evaluations along training), got {args.eval_every}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        ap.error(f"--out {out} is a file: pass a directory")
+    out = paths.check_path("--out", args.out, "dir")  # not empty (Path("") is the current directory), not a file
+    paths.check_path("--model", args.model, "name")
     if train_flags and not args.plots_only:
         taken = sorted(user_train_flags(train_flags) & set(OWN_FLAGS))
         if taken:
@@ -819,6 +835,8 @@ def parse_args(argv):
     tag = "" if args.model == "toy" else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", args.model).strip("_")
     args.table_dir = out / (("quick" if args.quick else args.preset) + tag)
     args.runs_out = out / f"model{tag}" if tag else out  # runs of another model never meet the toy's
+    for where in (args.table_dir, args.runs_out / "runs"):  # where tables and runs go: folders too
+        paths.check_path("--out", str(where), "dir")
     return args, train_flags
 
 
@@ -906,6 +924,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.plots_only and (a, s) in jobs:  # checked against, or made with, this sweep's flags
             store[(a, s)]["train_argv"] = train_argv(a, s, extra)
         runs.append(store[(a, s)])
+    before = {p.name: p.read_bytes() for p in map(table_dir.joinpath, RESULTS_FILES) if p.is_file()}
     table_dir.mkdir(parents=True, exist_ok=True)
     write_store(table_dir, store, jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
@@ -915,7 +934,9 @@ def main(argv: list[str] | None = None) -> dict:
               "seeds": args.seeds,
               "model": args.model, "wall_seconds": round(wall, 1)}
     if args.plots_only and old_config.get("type") == "config":
-        config = {**old_config, "redrawn_by": config["argv"]}
+        # the sweep's record as it was: how a redraw was invoked is no result, and recording it
+        # (an earlier "redrawn_by") rewrote a committed line at every redraw (issue 32)
+        config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
     plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric)  # plots.py draws
@@ -925,6 +946,8 @@ def main(argv: list[str] | None = None) -> dict:
     table = markdown_table(summary, diffs, metric, pass_k, footer) if summary else "(no uniform runs: no table)"
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
+    if args.plots_only:
+        print(redraw_report(table_dir, before))
     missing = len(jobs) - len(runs)
     print(f"wall time {wall:.0f} s ({len(runs)} finished runs{f', {missing} not found' if missing else ''}); "
           f"wrote {table_dir / 'compare.jsonl'}, table.md and {len(plots)} plots")

@@ -39,6 +39,7 @@ import torch
 
 import toy
 import train
+from paths import check_path
 
 QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
@@ -154,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
           f"device {torch.cuda.get_device_name() if on_gpu else 'cpu'}")
-    root = Path(opts.out or tempfile.mkdtemp(prefix="coba-gpu-check-"))
+    # --out '' is an error, not a silent temp dir (paths.py)
+    root = (check_path("--out", opts.out, "dir") if opts.out is not None
+            else Path(tempfile.mkdtemp(prefix="coba-gpu-check-")))
     model_dir = build_random_model(root / "model", TINY if opts.tiny else QWEN25_15B,
                                    torch.bfloat16 if on_gpu else torch.float32)
     print(f"model built in {time.time() - t0:.0f} s; reward: a seeded coin per rollout (p = 0.5), see the docstring")

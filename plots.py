@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from paths import check_no_links, check_path
+
 PASS_BINS = np.linspace(0, 1, 11)  # pass-rate bins of the budget-vs-pass-rate figures
 EVAL_META = ("type", "step", "rollouts")  # eval record keys that are not an accuracy
 
@@ -43,7 +45,9 @@ def _save(fig, path: Path) -> Path:
     plt = _plt()
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, dpi=110, format="png")
+    # no "Software: Matplotlib version ..." text chunk: a redraw under another matplotlib release that
+    # draws the same pixels writes the same bytes (Agg PNGs hold no date; issue 32)
+    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
     plt.close(fig)
     os.replace(tmp, path)  # whole or not at all, like the other results files
     return path
@@ -344,6 +348,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap = argparse.ArgumentParser(description="Draw a run's figures into RUN_DIR/plots/ from RUN_DIR/log.jsonl.")
     ap.add_argument("run_dirs", nargs="+", help="train.py --output-dir directories")
     args = ap.parse_args(argv)
+    for d in args.run_dirs:  # every directory checked before any figure is drawn (paths.py)
+        check_path("RUN_DIR", d, "dir", exists=True)
+        check_path("RUN_DIR", str(Path(d) / "plots"), "dir")
+        check_no_links("RUN_DIR", Path(d), lambda name: name == "plots")
     paths = []
     for d in args.run_dirs:
         mine = plot_run(d)

@@ -71,6 +71,8 @@ from pathlib import Path
 
 import torch
 
+from paths import check_path
+
 REPO = Path(__file__).resolve().parent
 # The cache directory can be moved (e.g. CI with a read-only checkout) with COBA_CACHE.
 CACHE_DIR = Path(os.environ.get("COBA_CACHE", REPO / ".cache"))
@@ -459,14 +461,15 @@ def build_toy_model(name: str, out: Path | None = None, progress: bool = True) -
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rebuild", metavar="NAME", choices=TOY_MODELS, default=None,
                     help=f"rerun the warm-up of a shipped model ({', '.join(TOY_MODELS)}) and print its hash")
-    ap.add_argument("--out", type=Path, default=None, help="where --rebuild writes (default COBA_CACHE/rebuild-NAME)")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=None, help="where --rebuild writes (default COBA_CACHE/rebuild-NAME)")
+    args = ap.parse_args(argv)
+    out = None if args.out is None else check_path("--out", args.out, "dir")  # '' is not "here" (paths.py)
     if args.rebuild:
-        path = build_toy_model(args.rebuild, args.out)
+        path = build_toy_model(args.rebuild, out)
         same = weights_sha256(path) == SHA256[args.rebuild]
         print(f"rebuilt {args.rebuild}: {path}\nsha256 {weights_sha256(path)} "
               f"({'same as' if same else 'differs from'} the committed lab/{RECIPES[args.rebuild]['dir']})")

@@ -600,9 +600,7 @@ def rl_step(run: Run, step: int) -> dict:
 def train(args) -> dict:
     """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
     dict (also the last line of the JSONL log)."""
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out), progress_bars(not args.no_progress):
         resume_from = prepare_run_dir(out, args)
@@ -689,9 +687,7 @@ def eval_only(args) -> dict:
     on the eval sets, the paper's way (avg@k at T = 1.0, top-p 0.9), without training: OUTPUT_DIR/log.jsonl
     gets a config line and one eval record (eval_only: true); no optimizer, no checkpoint. For the base
     model's numbers before a run, or a finished checkpoint's after."""
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out), progress_bars(not args.no_progress):
         prepare_run_dir(out, args)  # a directory that holds a run is refused unless --overwrite
