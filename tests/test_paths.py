@@ -26,7 +26,7 @@ import toy
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
+SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12", "--steps", "1"]
 RESULTS = ("runs.jsonl", "compare.jsonl", "table.md")  # a results folder's tables (compare.RESULTS_FILES)
 COMMITTED = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("compare.jsonl"))
