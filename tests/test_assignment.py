@@ -112,6 +112,8 @@ def test_handout_stubs_exactly_the_exercises(handout):
     assert "Yours to measure: see ASSIGNMENT.md, Part 5." in readme
     if "## Results" in (A.REPO / "README.md").read_text():
         assert "| uniform |" not in readme  # the compare table of the solution's README is gone
+    if (A.REPO / A.RESULTS_DOC).exists():  # the tables moved to docs/results.md: gone from the handout too
+        assert (root / A.RESULTS_DOC).read_text() == A.RESULTS_STUB
 
 
 def test_handout_text_names_contracts_commands_points_and_questions(handout):
