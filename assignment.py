@@ -447,7 +447,7 @@ def _pytest_command(part: Part) -> str:
 
 
 def points_table(parts=PARTS) -> str:
-    """The parts table (markdown): shared by the handout and the README."""
+    """The parts table (markdown): shared by the handout and docs/teaching.md."""
     rows = ["| part | what | paper | you write | points | graded by |", "|---|---|---|---|---|---|"]
     for p in parts:
         names = ", ".join(f"`{f}:{n}`" for f, n, _ in p.functions) or "ANSWERS.md"
