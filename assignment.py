@@ -22,9 +22,10 @@ How it works, and why:
     becomes `raise NotImplementedError("Part N: ...")`. A listed function that no longer exists is
     a one-line error, so the table below cannot silently drift from the code.
   - Everything else (train.py wiring, toy.py, rollout.py, the tests) is copied as it is, so a
-    student who finishes all four parts can run `python train.py`. Left out: results/ and the
-    README's Results section (Part 5 asks the student to produce and explain them), and
-    tests/test_assignment.py (it needs the solution).
+    student who finishes all four parts can run `python train.py`. Left out: results/, the
+    README's Results section and docs/results.md (Part 5 asks the student to produce and explain
+    them; the two keep a one-line pointer so links resolve), and tests/test_assignment.py (it needs
+    the solution).
   - `grade` runs each part's tests in its own pytest subprocess with a timeout: a student function
     that hangs or kills the interpreter costs that part only. Score = points x passed / run.
   - A submission reaches only its own part (issue 25): each part runs in a fresh folder holding the
@@ -366,6 +367,10 @@ def _handout_readme(text: str) -> str:
     return text[:m.start()] + "## Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n\n" + text[m.end():]
 
 
+RESULTS_DOC = "docs/results.md"  # every measured table (issue 31 moved them out of the README)
+RESULTS_STUB = "# Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n"
+
+
 MANIFEST = ".handout.json"  # file -> sha256 of what build wrote: a rebuild replaces only that
 
 
@@ -420,6 +425,8 @@ def build(out: Path, repo: Path = REPO) -> dict:
     write_exercise_files(new, solution, auto_parts())
     if (new / "README.md").exists():
         (new / "README.md").write_text(_handout_readme((new / "README.md").read_text()))
+    if (new / RESULTS_DOC).exists():  # kept as a stub, so the README's link to it resolves
+        (new / RESULTS_DOC).write_text(RESULTS_STUB)
     (new / "ASSIGNMENT.md").write_text(handout_text(solution, repo))
     (new / "ANSWERS.md").write_text(answers_template())
     written = sorted(str(p.relative_to(new)) for p in new.rglob("*") if p.is_file())
@@ -442,7 +449,7 @@ def _pytest_command(part: Part) -> str:
 
 
 def points_table(parts=PARTS) -> str:
-    """The parts table (markdown): shared by the handout and the README."""
+    """The parts table (markdown): shared by the handout and docs/teaching.md."""
     rows = ["| part | what | paper | you write | points | graded by |", "|---|---|---|---|---|---|"]
     for p in parts:
         names = ", ".join(f"`{f}:{n}`" for f, n, _ in p.functions) or "ANSWERS.md"
