@@ -670,6 +670,14 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
             d["rollout_ratio"] = {"n": len(ratios), "geo_mean": None, "lo": None, "hi": None,
                                   "never": sum(not math.isfinite(r) for r in ratios)}
         diffs.append(d)
+    # How long each arm ran (updates, generation blocks, rollouts) is recorded only where the arms
+    # differ in it (a DAPO arm): a sweep of equal-length arms keeps the summary rows it had before
+    # issue 36, so its redraw changes no committed byte (issue 32).
+    lengths = ("updates_mean", "blocks_mean", "total_rollouts_mean")
+    if len({tuple(s.get(k) for k in lengths) for s in summary}) <= 1:
+        for s in summary:
+            for k in lengths:
+                s.pop(k, None)
     return summary, diffs
 
 
