@@ -23,7 +23,10 @@ rl_step below is that one step; --probe (ours, not the paper) is probe_then_allo
 this file: the command line, its flags, toy vs real-model presets and range checks (cli.py); reading
 and checking data files (data.py); and what makes a run safe to stop and resume: atomic
 checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
-Left out on purpose: multi-GPU, DeepSpeed/FSDP, LoRA, async rollouts, dynamic sampling.
+Several processes (data-parallel, `torchrun --nproc_per_node N train.py ...`): dist.py holds all of
+it; here it shows as one Share per step (which whole groups this rank generates and trains on) and
+the gathers after generation, so the tracker, advantages and log see the whole step on every rank.
+Left out on purpose: FSDP/DeepSpeed sharding (dist.py says why), LoRA, async rollouts, dynamic sampling.
 Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm) and
 tests/test_arms.py (knapsack, coba-released, --probe); crashes, NaNs, a second run and bad data
 files: tests/test_reliability.py.
@@ -34,7 +37,9 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,13 +50,14 @@ import torch
 
 import allocate
 import coba
+import dist
 import grpo
 import plots
 import tracking
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
-                        prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config, save_checkpoint,
-                        truncate_log)
+                        load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
+                        save_checkpoint, truncate_log)
 from cli import (build_parser, closing_line, eval_table, progress_bars,  # the command line: flags, presets,
                  resolve_args)  # range checks, and what it prints at the end
 from data import PromptSampler, data_identity, fit_prompt_length, format_prompt, load_data
@@ -91,6 +97,8 @@ def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_
 # Evaluation: greedy accuracy, and the paper's avg@k / pass@k (k samples, T = 1.0, top-p 0.9)
 # ----------------------------------------------------------------------------------------------
 def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
+    ranks = dist.current()  # under torchrun each rank evaluates every W-th problem; outcomes are gathered
+    records = records[ranks.rank::ranks.world_size]
     prompts = [format_prompt(r["question"], tokenizer, args) for r in records]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     answers = [r["answer"] for r in records]
@@ -102,12 +110,14 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
                                seed=args.seed)
 
     texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
-    result = {"acc": float(np.mean(verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)))}
+    greedy = verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)
     k = args.eval_samples
+    many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
+    sampled = verify.rewards(many, [a for a in answers for _ in range(k)], last_number_fallback=args.last_number_fallback)
+    greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
+    result = {"acc": float(np.mean(greedy))}
     if k > 0:
-        many = decode(tokenizer, gen(k, False, 1.0, 0.9))
-        correct = np.array(verify.rewards(many, [a for a in answers for _ in range(k)],
-                                          last_number_fallback=args.last_number_fallback)).reshape(-1, k)
+        correct = np.array(sampled).reshape(-1, k)  # (n, k)
         per_problem = correct.mean(axis=1)  # (n,) each problem's share of right samples
         result[f"avg@{k}"] = float(per_problem.mean())  # mean accuracy over k samples (paper's avg@16)
         # Standard error over problems (the k samples of one problem are not independent draws of
@@ -136,6 +146,11 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
       (grpo.per_token_logps_shared_prompt); a mini-batch's rows are sorted by prompt first, so a
       prompt's rows share micro-batches (the mini-batch, hence its gradient sum, is unchanged)."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
+    # Under torchrun this rank holds n of the step's N rows: "rows" (n,) says which, "lengths" (N,) are
+    # every row's completion length. Mini-batches are drawn over all N rows and normalised by their
+    # global size, so the gradients summed over ranks (dist.all_reduce_grads) are one process's.
+    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,)
+    lengths = batch.get("lengths", cmask.sum(1))  # (N,)
     sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
     cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
     N, T = cmask.shape
@@ -157,14 +172,16 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         if ref_model is not None:
             ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
     model.train()
-    perm = torch.randperm(N, generator=torch.Generator().manual_seed(gen_seed))
+    N_all = len(lengths)
+    perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
     sums: dict[str, float] = {}
     gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
-    for k, chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N))):
+    for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
+        chunk = dist.local_rows(global_chunk, rows_global, N_all)  # this rank's rows of the mini-batch
         if shared:  # rows are prompt-major: sorted, a prompt's rows are adjacent, so share micro-batches
             chunk = chunk.sort().values
         # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
-        normalizer = float(cmask[chunk].sum()) if args.loss_type == "dapo" else float(len(chunk))
+        normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
         for s in range(0, len(chunk), micro):
             rows = chunk[s:s + micro]
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
@@ -184,14 +201,17 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
                 loss_type=args.loss_type, max_completion_length=args.max_completion_length,
                 normalizer=normalizer, entropy=entropy, token_weights=is_weights)
             loss.backward()
-            w = len(rows) / N  # metrics averaged over rows of the whole batch
+            w = len(rows) / N_all  # metrics averaged over rows of the whole batch (all ranks)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
+        dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+    sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
+    gap = list(dist.all_reduce_sums(dict(enumerate(gap))).values())
     if gap[1]:  # each row is in exactly one mini-batch: token means over the whole batch
         sums["vllm_logp_gap"] = gap[0] / gap[1]
         if cap:
@@ -293,9 +313,12 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     check_identity({"data_identity": saved.get("data_identity")}, args, resume_from)
     # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
     model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+    dist.broadcast_params(model)  # under torchrun: every rank starts from rank 0's weights
+    dist.seed_rank(args.seed)  # ... and samples its own rollouts (rank 0 keeps --seed)
     args.model_identity = identity_for(args, model, model_path)
     check_identity({"model_identity": saved.get("model_identity")}, args, resume_from)
-    if args.overwrite:  # only now, with data and model loaded: a typo in either leaves the old run whole
+    main_rank = dist.current().main  # rank 0 alone writes to OUTPUT_DIR
+    if args.overwrite and main_rank:  # only now, with data and model loaded: a typo in either leaves the old run whole
         remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
@@ -316,22 +339,28 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     start, log_path = 0, out / "log.jsonl"
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
         # the newest checkpoint that loads: a damaged one is set aside with a warning
-        resume_from, start, run.counters = resume_checkpoint(out, model, optimizer, scheduler, tracker, run.sampler)
-        truncate_log(log_path, start, keep_summary=start >= args.steps)
+        # (torchrun: rank 0 picks it, setting damaged ones aside, then the others load the same one)
+        resume_from, start, run.counters = dist.on_rank0(resume_checkpoint, out, model, optimizer, scheduler,
+                                                         tracker, run.sampler)
+        if not main_rank:
+            load_checkpoint(resume_from, model, optimizer, scheduler, tracker, run.sampler)
+        else:
+            truncate_log(log_path, start, keep_summary=start >= args.steps)
         if run.generator is not None:
             run.generator.sync_weights(model)
         print(f"resumed from {resume_from} at step {start}")
-    if start == 0:
+    if start == 0 and main_rank:
         log_path.write_text("")
-    run.log = log_path.open("a")
-    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args))
+    run.log = log_path.open("a") if main_rank else open(os.devnull, "w")
+    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args)) if main_rank else None
     if start > 0:  # which settings made the steps from here on: --steps, speed flags may have changed
         saved = json.loads((resume_from / "run_config.json").read_text())
         run.write({"type": "resume", "step": start, "checkpoint": resume_from.name,
                    "changed": changed_flags(saved, args)})
     if start == 0:
         run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
-                   "device": str(device), "train_size": len(train_set), **data_counts})
+                   "device": str(device), "train_size": len(train_set), **data_counts,
+                   "world_size": dist.current().world_size})
         run_eval(run, 0)
     return run, start
 
@@ -348,6 +377,7 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     # model, not by the sampling noise (common random numbers).
     with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
         torch.manual_seed(run.args.seed)
+        dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
             with run.amp():
                 results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
@@ -378,6 +408,20 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
     answers = [a for a, B in zip(roll.answers_m, budgets) for _ in range(B)]
     return completions, verify.rewards(decode(run.tokenizer, completions), answers,
                                        last_number_fallback=args.last_number_fallback, stats=roll.vstats)
+
+
+def sample_share(run: Run, roll: StepRollouts, share: dist.Share) -> tuple[list, list[float], list[int]]:
+    """Steps 3-4 on this rank's whole groups (all of them in one process); returns this rank's
+    completions (its rows, prompt-major) and, gathered from every rank, the step's N rewards and
+    completion lengths in prompt-major order: what the tracker, the advantages and the log read."""
+    completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
+    own, at = [], 0
+    for i in share.owned[share.rank]:  # per own group: (its rewards, its completion lengths)
+        B = share.budgets[i]
+        own.append((rewards[at:at + B], [len(c) for c in completion_ids[at:at + B]]))
+        at += B
+    groups = dist.gather_groups(share.owned, own)  # (M,) in prompt order, every rank's groups
+    return completion_ids, [r for g in groups for r in g[0]], [n for g in groups for n in g[1]]
 
 
 def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t: float) -> Allocation:
@@ -440,10 +484,14 @@ def rl_step(run: Run, step: int) -> dict:
     else:
         alloc = allocate_step(args, tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx),
                               tracker.knapsack_stats(prompt_idx), alpha_t, beta_t)
-        # 3.-4. generate B_i completions for prompt i and reward them
-        completion_ids, reward_list = sample_and_reward(run, roll, alloc.budgets, round_=0)
+        # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
+        alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
+        share = dist.Share.of(alloc.budgets)
+        completion_ids, reward_list, lengths = sample_share(run, roll, share)
         lp_rows = roll.sampler_lps[0]
     budgets = alloc.budgets
+    if args.probe:  # one process only (main refuses --probe under torchrun): this rank has every row
+        share, lengths = dist.Share.of(budgets), [len(c) for c in completion_ids]
     group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,) prompt of each row
     rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
     # 5. update the tracker: pass rates and F_t for the next allocation (eqs. 1, 4)
@@ -452,11 +500,13 @@ def rl_step(run: Run, step: int) -> dict:
     tracker.update(prompt_idx, successes.tolist(), budgets, rewards=per_prompt)
     # 6. group advantages on ragged groups
     advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
-    # 7. policy update: clipped surrogate, mini-batch optimizer steps
-    ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids.tolist()], completion_ids,
+    # 7. policy update: clipped surrogate, mini-batch optimizer steps, on this rank's rows (all, in one process)
+    rows = share.rows()  # (n,) this rank's rows among the N
+    ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids[rows].tolist()], completion_ids,
                                run.tokenizer.pad_token_id)
     batch = {"input_ids": ids.to(run.device), "attention_mask": attn.to(run.device),
-             "completion_mask": cmask.to(run.device), "advantages": advantages.to(run.device)}
+             "completion_mask": cmask.to(run.device), "advantages": advantages[rows].to(run.device),
+             "rows": rows, "lengths": torch.tensor(lengths)}
     sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T); None: HF without --sampler-logps
     if sampler_logps is not None:  # vLLM's: for the gap and IS; HF generate's own: the old policy's log-probs
         hf_own = run.generator is None and args.sampler_logps
@@ -467,12 +517,15 @@ def rl_step(run: Run, step: int) -> dict:
     if run.generator is not None:
         run.generator.sync_weights(run.model)
     # 8. log
-    run.counters["rollouts"] += len(completion_ids)
+    run.counters["rollouts"] += len(reward_list)
     run.counters["seconds"] += time.time() - t0
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
     if run.reporter is not None and args.log_completions:  # a few rows to completions.jsonl (tracking.py)
-        run.reporter.log_completions(tracking.completion_rows(step + 1, prompt_idx, prompts, roll.answers_m,
-            completion_ids, reward_list, budgets, alloc.pass_rates, run.tokenizer, args.log_completions))
+        own = share.owned[share.rank]  # rank 0 writes: rows of its own groups (all of them in one process)
+        run.reporter.log_completions(tracking.completion_rows(step + 1, [prompt_idx[i] for i in own],
+            [prompts[i] for i in own], [roll.answers_m[i] for i in own], completion_ids,
+            [reward_list[r] for r in rows.tolist()], [budgets[i] for i in own], alloc.pass_rates[own],
+            run.tokenizer, args.log_completions))
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
@@ -484,8 +537,8 @@ def rl_step(run: Run, step: int) -> dict:
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
         "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0],
-        "completion_length": float(cmask.sum(1).float().mean()),
-        "completion_tokens": int(cmask.sum()), "gen_seconds": round(roll.gen_seconds, 3),
+        "completion_length": float(np.mean(lengths)), "completion_tokens": int(np.sum(lengths)), **share.record(),
+        "gen_seconds": round(roll.gen_seconds, 3),
         "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **metrics,
     }
 
@@ -497,10 +550,12 @@ def train(args) -> dict:
     if out.exists() and not out.is_dir():
         raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out), progress_bars(not args.no_progress):
-        resume_from = prepare_run_dir(out, args)
+    main_rank = dist.current().main  # under torchrun rank 0 holds the lock and settles OUTPUT_DIR for all
+    with RunLock(out) if main_rank else contextlib.nullcontext(), progress_bars(not args.no_progress):
+        resume_from = dist.on_rank0(prepare_run_dir, out, args)
         if resume_from is not None and checkpoint_step(resume_from) == args.steps:
-            summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
+            summary = dist.on_rank0(lambda: next((r for r in read_log(out / "log.jsonl")
+                                                  if r.get("type") == "summary"), None))
             if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
                 print(f"{out}: the run already finished at step {args.steps}; pass a larger --steps to extend it")
                 return summary
@@ -523,6 +578,8 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             done = step + 1
             if args.eval_every and done % args.eval_every == 0 and done < args.steps:
                 run_eval(run, done)
+            if dist.any_rank(interrupt.requested) and not interrupt.requested:  # another rank's signal
+                interrupt.requested, interrupt.signum = True, signal.SIGTERM
             if done % args.save_every == 0 or done == args.steps or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
                                         run.tracker, run.sampler, args, run.counters)
@@ -531,7 +588,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 run.log.close()
                 return {"interrupted": True, "step": done, "exit_code": interrupt.exit_code}
     # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
-    evals = [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"]
+    evals = dist.on_rank0(lambda: [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"])
     final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(run, args.steps)
     summary = {"type": "summary", "step": args.steps, "rollouts": run.counters["rollouts"],
                "train_seconds": round(run.counters["seconds"], 1),
@@ -539,8 +596,9 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                **start_end((evals or [final])[0], final, args.eval_samples)}
     run.write(summary)
     run.log.close()
-    run.reporter.close()
-    plots.plot_run_safely(out)  # OUTPUT_DIR/plots/*.png (plots.py; also `python plots.py OUTPUT_DIR`)
+    if dist.current().main:
+        run.reporter.close()
+        plots.plot_run_safely(out)  # OUTPUT_DIR/plots/*.png (plots.py; also `python plots.py OUTPUT_DIR`)
     return summary
 
 
@@ -596,13 +654,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
-    if args.eval_only:
-        return eval_only(args)
+    if dist.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only)):
+            if on:
+                raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
+    ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not ranks.main:  # one set of progress bars: rank 0's
+        args.no_progress = True
+    try:
+        return finish(args, t0) if not args.eval_only else eval_only(args)
+    finally:
+        dist.teardown()
+
+
+def finish(args, t0: float) -> dict:
+    """main's end: train, then the closing line (rank 0)."""
     summary = train(args)
     if summary.get("interrupted"):  # after its checkpoint: exit as a process stopped by the signal would
         raise SystemExit(summary["exit_code"])
     line = closing_line(summary, args.eval_samples)
-    if line is not None:
+    if line is not None and dist.current().main:
         print(f"{line} after {summary['rollouts']} rollouts; wall time {time.time() - t0:.0f} s; log: "
               f"{Path(args.output_dir) / 'log.jsonl'}")
     return summary
