@@ -2,7 +2,7 @@
 
     COBA_TEST_FIXED_ROLLOUTS=1  rollouts are test_step.FixedRollouts (known rows, whichever rank makes
                                 them), and each rank writes the budgets of its sampling calls to
-                                OUTPUT_DIR/calls-rank<r>.json
+                                OUTPUT_DIR/calls-rank<r>.json; the greedy evaluation stays real
     COBA_TEST_KILL_STEP=k       rank 1 kills itself (SIGKILL: no handler, no cleanup) as step k begins
     COBA_TEST_SGD=1             plain SGD instead of AdamW, so that the weights after a step are the
                                 gradient times lr: Adam's first step, lr * g / (|g| + eps), turns the
@@ -24,7 +24,7 @@ def fixed_rollouts(out: Path) -> None:
     from test_step import FixedRollouts
     from toy import build_tokenizer
 
-    real_load_data = train.load_data
+    real_load_data, real_generate_groups = train.load_data, train.generate_groups
 
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
@@ -32,6 +32,8 @@ def fixed_rollouts(out: Path) -> None:
         rank = int(os.environ.get("RANK", 0))
 
         def generate_groups(*a, **kw):
+            if kw.get("greedy"):  # the held-out evaluation: the real model, greedy
+                return real_generate_groups(*a, **kw)
             rows = fixed(*a, **kw)
             sampling = [c["budgets"] for c in fixed.calls if not c["greedy"]]
             (out / f"calls-rank{rank}.json").write_text(json.dumps(sampling))

@@ -8,7 +8,8 @@
   it ends exactly (bit for bit) where an uninterrupted 2-rank run ends: model, optimizer and
   every rank's RNG (real HF sampling, so rank 1's restored RNG decides its rollouts).
 Each run is a subprocess (torchrun = python -m torch.distributed.run --standalone) with a timeout;
-the shapes are tiny (6 prompts, 2-3 steps, a 4-problem greedy evaluation): ~1.5 min on 2 loaded cores.
+the shapes are tiny (6 prompts, 2-3 steps, an 8-problem greedy evaluation): 6 launches, ~15-30 s
+each on 2 cores (the file took 176 s at load average 12-15).
 Run: python -m pytest -q tests/test_dist.py
 """
 from __future__ import annotations
@@ -32,11 +33,11 @@ WORKER = str(ROOT / "tests" / "dist_worker.py")
 # M = 6 prompts from a pool of 6: step 2 allocates from step 1's pass rates, so its budgets are
 # uneven (FixedRollouts' prompts are all wrong, all right or mixed) and the split is not trivial.
 BASE = ["--model", "toy", "--dataset", "toy", "--train-size", "6", "--prompts-per-step", "6",
-        "--num-generations", "4", "--max-budget", "12", "--eval-size", "4", "--eval-every", "0",
+        "--num-generations", "4", "--max-budget", "12", "--eval-size", "8", "--eval-every", "0",
         "--eval-samples", "0", "--save-every", "1", "--no-progress", "--device", "cpu", "--threads", "1",
         # SGD (tests/dist_worker.py) with a large lr, so that a wrong gradient moves the weights visibly
         "--learning-rate", "0.05", "--temperature", "0.8", "--max-grad-norm", "1e6"]
-TIMEOUT = 300  # seconds per launch: a hang fails the test instead of blocking CI
+TIMEOUT = 1200  # seconds per launch (~15-30 s each on 2 cores; minutes when starved): a hang fails the test, never blocks CI
 
 
 def launch(out: Path, steps: int, nproc: int, env: dict | None = None, extra: list[str] = ()) -> subprocess.CompletedProcess:
@@ -131,6 +132,10 @@ def test_two_ranks_give_one_process_weights_tracker_and_next_allocation(one_and_
             assert b[key] == a[key], key
         for key in ("loss", "grad_norm"):  # the summed gradient, not the mean: grad_norm would halve
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+    # the held-out evaluation, split over ranks (problems 0, 2, 4, 6 and 1, 3, 5, 7) and gathered:
+    # greedy on the same weights, so the same accuracy over all 8 problems as one process's
+    e1, e2 = log(one, "eval"), log(two, "eval")
+    assert [r["heldout_acc"] for r in e2] == [r["heldout_acc"] for r in e1] and len(e1) == 2
 
 
 def test_each_rank_generates_only_its_whole_groups_balanced(one_and_two):
