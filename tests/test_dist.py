@@ -9,7 +9,7 @@
   every rank's RNG (real HF sampling, so rank 1's restored RNG decides its rollouts).
 Each run is a subprocess (torchrun = python -m torch.distributed.run --standalone) with a timeout;
 the shapes are tiny (6 prompts, 2-3 steps, an 8-problem greedy evaluation): 6 launches, ~15-30 s
-each on 2 cores (the file took 176 s at load average 12-15).
+each on 2 cores (the file: 46 s at load average 5-7, 176 s at 12-15, far longer when starved).
 Run: python -m pytest -q tests/test_dist.py
 """
 from __future__ import annotations
