@@ -22,9 +22,10 @@ How it works, and why:
     becomes `raise NotImplementedError("Part N: ...")`. A listed function that no longer exists is
     a one-line error, so the table below cannot silently drift from the code.
   - Everything else (train.py wiring, toy.py, rollout.py, the tests) is copied as it is, so a
-    student who finishes all four parts can run `python train.py`. Left out: results/ and the
-    README's Results section (Part 5 asks the student to produce and explain them), and
-    tests/test_assignment.py (it needs the solution).
+    student who finishes all four parts can run `python train.py`. Left out: results/, the
+    README's Results section and docs/results.md (Part 5 asks the student to produce and explain
+    them; the two keep a one-line pointer so links resolve), and tests/test_assignment.py (it needs
+    the solution).
   - `grade` runs each part's tests in its own pytest subprocess with a timeout: a student function
     that hangs or kills the interpreter costs that part only. Score = points x passed / run.
   - A submission reaches only its own part (issue 25): each part runs in a fresh folder holding the
@@ -66,6 +67,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from paths import check_path
 
 REPO = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT_S = 300  # per part; the solution's slowest part (GRPO, a tiny Qwen2) takes ~10 s
@@ -364,6 +367,10 @@ def _handout_readme(text: str) -> str:
     return text[:m.start()] + "## Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n\n" + text[m.end():]
 
 
+RESULTS_DOC = "docs/results.md"  # every measured table (issue 31 moved them out of the README)
+RESULTS_STUB = "# Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n"
+
+
 MANIFEST = ".handout.json"  # file -> sha256 of what build wrote: a rebuild replaces only that
 
 
@@ -418,6 +425,8 @@ def build(out: Path, repo: Path = REPO) -> dict:
     write_exercise_files(new, solution, auto_parts())
     if (new / "README.md").exists():
         (new / "README.md").write_text(_handout_readme((new / "README.md").read_text()))
+    if (new / RESULTS_DOC).exists():  # kept as a stub, so the README's link to it resolves
+        (new / RESULTS_DOC).write_text(RESULTS_STUB)
     (new / "ASSIGNMENT.md").write_text(handout_text(solution, repo))
     (new / "ANSWERS.md").write_text(answers_template())
     written = sorted(str(p.relative_to(new)) for p in new.rglob("*") if p.is_file())
@@ -440,7 +449,7 @@ def _pytest_command(part: Part) -> str:
 
 
 def points_table(parts=PARTS) -> str:
-    """The parts table (markdown): shared by the handout and the README."""
+    """The parts table (markdown): shared by the handout and docs/teaching.md."""
     rows = ["| part | what | paper | you write | points | graded by |", "|---|---|---|---|---|---|"]
     for p in parts:
         names = ", ".join(f"`{f}:{n}`" for f, n, _ in p.functions) or "ANSWERS.md"
@@ -939,19 +948,22 @@ def main(argv=None) -> int:
     sub.add_parser("check", help="isolation check: each part 0 on its stub, full alone, no effect on others")
     args = ap.parse_args(argv)
 
+    # every path flag is checked before anything is built or graded (paths.py): '' is not "here"
     if args.command == "build":
-        out = Path(args.out)
+        out = check_path("--out", args.out, "dir")
         build(out)
         n = sum(len(p.functions) for p in auto_parts())
         print(f"wrote {out}/: {n} functions stubbed in {', '.join(EXERCISE_FILES)}; ASSIGNMENT.md, ANSWERS.md\n"
               f"next: python assignment.py grade {out}")
         return 0
     if args.command == "grade":
-        root = Path(args.dir)
+        root = check_path("DIR", args.dir, "dir", exists=True)
+        # the default too: DIR/gradescope.json may be a folder; --json '' is an error, not the default
+        json_path = check_path("--json", str(root / "gradescope.json") if args.json is None else args.json, "file")
+        check_path("--json's folder", str(json_path.parent), "dir")
         t0 = time.perf_counter()
         print(f"grading {root.resolve()}", flush=True)
         rows = grade(root, parts=set(args.part) if args.part else None, timeout=args.timeout)
-        json_path = Path(args.json) if args.json else root / "gradescope.json"
         json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = json_path.with_name(f".{json_path.name}.tmp{os.getpid()}")  # whole or not at all
         tmp.write_text(json.dumps(gradescope_json(rows, root, time.perf_counter() - t0), indent=2) + "\n")

@@ -38,6 +38,7 @@ from safetensors import SafetensorError
 
 import data
 import dist
+import lora
 import models
 
 
@@ -68,7 +69,8 @@ KEEP = 2
 RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress", "save_every", "eval_every",
                      "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
                      "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "report_to", "log_completions",
-                     "eval_samples", "shared_prompt_forward", "sampler_logps", "shared_prompt_prefill")  # evaluation draws from its own RNG (train.run_eval): the steps are the same
+                     "eval_samples", "shared_prompt_forward", "sampler_logps", "shared_prompt_prefill",
+                     "max_rollouts", "eval_every_rollouts")  # evaluation draws from its own RNG (train.run_eval): the steps are the same
 
 
 # Not flags: what setup measured of the data and the model (data.data_identity, models.model_identity),
@@ -215,7 +217,10 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
             shutil.rmtree(old)
             _save_step_done(f"delete {old.name}")
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp)  # --use-peft: the adapter only (adapter_model.safetensors, peft's format)
+        if lora.is_lora(model) and step == args.steps:  # the run's end: also a plain model, W + s * B A
+            lora.save_merged(model, tokenizer, tmp / "merged")
+            (tmp / "merged" / "run_config.json").write_text(json.dumps(run_config(args)))  # --model keeps its preset
         _save_step_done("model")
         tokenizer.save_pretrained(tmp)
         _save_step_done("tokenizer")
@@ -270,8 +275,11 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -
         how = "python train.py" if saved_by == 1 else f"torchrun --nproc_per_node {saved_by} (in all)"
         raise SystemExit(f"error: cannot resume {path}: it was saved by {saved_by} process(es) and this run has "
                          f"{ranks.world_size}: resume with {how}")
-    weights = read("model", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype).state_dict())
-    model.load_state_dict(weights)
+    if lora.is_lora(model):  # --use-peft: the adapter (the base is --model's, checked by check_identity)
+        lora.load_adapter(model, read("model", lambda: lora.read_adapter(path)))
+    else:
+        model.load_state_dict(read("model", lambda: AutoModelForCausalLM.from_pretrained(
+            path, dtype=model.dtype).state_dict()))
     optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
     scheduler.load_state_dict(state["scheduler"])
     try:
@@ -344,7 +352,8 @@ def check_identity(saved: dict, args, path: Path) -> None:
     """Refuse, in one line, to resume when the data or the model are not those of the saved run: the
     saved pass rates and prompt indices would point at other problems, and the tokenizer (and the
     --beta reference model) come from --model, not from the checkpoint. Base weights that differ
-    alone only warn (the checkpoint's weights are the ones trained) unless --beta > 0 uses them."""
+    alone only warn (the checkpoint's weights are the ones trained) unless --beta > 0 uses them or
+    --use-peft trains an adapter on top of them (its checkpoints hold the adapter, not the base)."""
     if saved.get("data_identity") and args.data_identity:
         what = data.identity_change(saved["data_identity"], args.data_identity)
         if what:
@@ -353,7 +362,7 @@ def check_identity(saved: dict, args, path: Path) -> None:
                              "with --overwrite or another --output-dir")
     if saved.get("model_identity") and args.model_identity:
         what, weights_only = models.identity_change(saved["model_identity"], args.model_identity)
-        if what and (not weights_only or args.beta > 0):
+        if what and (not weights_only or args.beta > 0 or getattr(args, "use_peft", False)):  # LoRA: W is frozen
             raise SystemExit(f"error: cannot resume {path}: {what}: restore --model {args.model} as it was, "
                              "or start a new run with --overwrite or another --output-dir")
         if what:

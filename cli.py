@@ -5,13 +5,14 @@ train.py reads like the paper (the loop, rl_step, policy_update, evaluate, the p
 about turning argv into a checked argparse.Namespace lives here instead:
 
     build_parser, add_training_flags   every flag of train.py, with its default and help text
-    PRESETS, saved_run_model           defaults that differ between the CPU toy and real models
-                                       (a flag left unset takes its preset's value; a toy
-                                       checkpoint passed as --model keeps the toy's)
+    PRESETS                            defaults that differ between the CPU labs and real models
+                                       (a flag left unset takes its preset's value; a lab
+                                       checkpoint passed as --model keeps its lab's: toy.lab_name)
     FLAG_RANGES, out_of_range          the accepted interval of each numeric flag
     resolve_args                       fill the presets, then reject a bad value or combination in
                                        one line that names the fix (`error: --x must be in ...`),
                                        before anything slow loads
+    check_path_flags                   its first step: every flag naming a file or folder (paths.py)
     progress_bars                      what --no-progress does to transformers' own bars
     closing_line, eval_table           what a run prints last: the start and end accuracies
                                        (avg@k first), and --eval-only's table
@@ -21,24 +22,32 @@ coba.py's and allocate.py's; resolve_args calls them so that they fail here, not
 compare.py builds each arm's flags with build_parser and resolve_args too. Used as
 `ap = build_parser(); args = resolve_args(ap.parse_args(argv), ap)` (train.main).
 Tests: tests/test_reliability.py (flag ranges, --device), tests/test_evalsets.py (presets),
-tests/test_safety.py and tests/test_train.py (--prompt-template).
+tests/test_safety.py and tests/test_train.py (--prompt-template), tests/test_paths.py (path flags).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import allocate
+import checkpoint
 import coba
+import paths
 import toy
 import tracking
 from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
 from models import MODEL_ALIASES
+
+PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks the M prompts
+# What a run writes, truncates or deletes at the top of OUTPUT_DIR (with checkpoint.OURS, its
+# checkpoint-<N> folders): none of them may be a symlink (check_path_flags), or the run would change
+# what the link points to, outside OUTPUT_DIR.
+RUN_ENTRIES = ("log.jsonl", "log.jsonl.tmp", ".lock", "plots", tracking.COMPLETIONS, tracking.TB_DIR,
+               tracking.WANDB_ID, "wandb")
 
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
@@ -48,6 +57,14 @@ PRESETS = {
                 # held-out avg@8 (the paper's metric) on 1,024 problems, at steps 0, 75, 150: standard
                 # error ~0.01; the 3 evaluations cost about a third of the (sped-up) training (README)
                 generation_batch_size=512, eval_size=1024, eval_samples=8),
+    # toy-reason (issue 30): worked solutions of up to 57 characters (72 new tokens leave room for a
+    # slip), the lr that was stable in every calibration run (1e-3 collapsed in 4 steps: toy.py), and
+    # only a completion that states its `####` answer is rewarded (no last-number fallback, as for real
+    # models: the last number of a chain of partial sums is often an intermediate one).
+    "toy-reason": dict(learning_rate=3e-4, max_completion_length=72, num_generations=8, prompts_per_step=32,
+                       steps=100, eval_every=50, save_every=25, prompt_template="{question}",
+                       last_number_fallback=False, threads=1, warmup_lr_steps=0, micro_batch_size=256,
+                       generation_batch_size=512, eval_size=512, eval_samples=8),
     "hub": dict(learning_rate=1e-6, max_completion_length=1024, num_generations=16,
                 prompts_per_step=32, steps=200, eval_every=20, save_every=20,
                 prompt_template="{question}\n" + BOXED_INSTRUCTION, last_number_fallback=False,
@@ -71,18 +88,16 @@ FLAG_RANGES = {
     "vllm_gpu_memory_utilization": "(0, 1]", "vllm_importance_sampling_cap": "(0, inf)",
     "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
     "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
+    "max_num_gen_batches": "[1, inf)", "mopps_ratio": "[1, inf)", "mopps_decay": "[0, 1]",
+    "max_rollouts": "[1, inf)", "eval_every_rollouts": "[1, inf)",
     "save_every": "[1, inf)", "threads": "[1, inf)", "log_completions": "[0, inf)",
+    "lora_r": "[1, inf)", "lora_alpha": "(0, inf)", "lora_dropout": "[0, 1)",
 }
-
-
-def saved_run_model(model: str) -> str | None:
-    """The --model a checkpoint directory was trained from (its run_config.json), else None: a toy
-    checkpoint passed as --model keeps the toy's preset (prompt template, 8 new tokens, avg@8)."""
-    config = Path(model) / "run_config.json"
-    try:
-        return json.loads(config.read_text()).get("model") if config.is_file() else None
-    except (OSError, ValueError):
-        return None
+# --use-peft with no --learning-rate: 10x the preset's full fine-tuning rate (hub 1e-5, toy 2e-3), the
+# usual rule for LoRA: Schulman et al. 2025, "LoRA Without Regret" (Thinking Machines; reproduced in
+# TRL's docs, lora_without_regret) find LoRA's best lr ~10x full fine-tuning's. Ours, a default;
+# --learning-rate overrides it.
+LORA_LR_FACTOR = 10
 
 
 def out_of_range(value: float, interval: str) -> bool:
@@ -101,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with CoBA-RL budget allocation (arXiv 2602.03048). With no arguments: "
                     "the offline toy on CPU.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = ap.add_argument_group("model and data")
-    g.add_argument("--model", default="toy", help="'toy' or 'toy-strong' (offline models committed under lab/, see toy.py), an alias ("
+    g.add_argument("--model", default="toy-reason", help="'toy-reason' (the default: worked solutions), 'toy' or 'toy-strong' "
+                   "(offline models committed under lab/, see toy.py), an alias ("
                    + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
     g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
                    + "), a hub dataset name, or a local .jsonl/.json/.parquet file")
@@ -153,14 +169,46 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(ours, not in the paper) each step first gives every prompt B_low rollouts and "
                         "updates its pass rate from them, then allocates the rest of the same B_total")
     g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
+    add_arm_flags(ap)
     add_training_flags(ap)
     return ap
+
+
+def add_arm_flags(ap: argparse.ArgumentParser) -> None:
+    """The two published baselines beside CoBA-RL and the equal-rollouts budget (docs/arms.md)."""
+    g = ap.add_argument_group("comparison arms: DAPO dynamic sampling, MoPPS prompt selection (docs/arms.md)")
+    g.add_argument("--dynamic-sampling", action="store_true",
+                   help="DAPO (arXiv 2503.14476 §3.2; verl filter_groups): generate blocks of M prompts x G "
+                        "rollouts until M groups whose rewards are not all equal are kept; the surplus and the "
+                        "zero-signal groups are dropped but their rollouts count as spent. --allocator uniform only")
+    g.add_argument("--max-num-gen-batches", type=int, default=10,
+                   help="DAPO's block limit per update (verl's max_num_gen_batches; DAPO recipe 10). At the "
+                        "limit verl stops the run with an error; we update on the partial batch and log it")
+    g.add_argument("--prompt-selection", choices=PROMPT_SELECTIONS, default="sampler",
+                   help="step 1: sampler = seeded epochs over the pool (every arm's default); mopps = MoPPS "
+                        "(arXiv 2507.04632): Thompson-sample a Beta posterior per prompt over --mopps-ratio x M "
+                        "candidates, keep the M nearest p = 0.5 (with --allocator coba: MoPPS picks, CoBA splits)")
+    g.add_argument("--mopps-ratio", type=int, default=8,
+                   help="MoPPS: candidates per step = ratio x M (released ts_ratio: 8 in its countdown and "
+                        "geometry scripts, 16 for math)")
+    g.add_argument("--mopps-decay", type=float, default=1.0,
+                   help="MoPPS lambda: each visit decays a prompt's Beta counts towards Beta(1, 1) by lambda "
+                        "(released bandit_decay_ratio: config 1.0 = no decay, launch scripts 0.5)")
+    g.add_argument("--max-rollouts", type=int, default=None,
+                   help="(ours) end the run once this many rollouts are spent, or at --steps updates, whichever "
+                        "comes first: equal rollouts for arms whose updates cost more than M x G (DAPO). A "
+                        "multiple of B_total")
+    g.add_argument("--eval-every-rollouts", type=int, default=None,
+                   help="(ours) evaluate each time this many more rollouts are spent, instead of every "
+                        "--eval-every steps; a point inside an update's generation evaluates the policy before "
+                        "that update (it has not learnt from those rollouts yet). A multiple of B_total")
 
 
 def add_training_flags(ap: argparse.ArgumentParser) -> None:
     """build_parser's second half: the GRPO update, generation, evaluation and the run itself."""
     g = ap.add_argument_group("GRPO (DeepSeekMath; paper App. C)")
-    g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4)")
+    g.add_argument("--learning-rate", type=float, default=None, help="AdamW lr (paper 1e-6; toy 2e-4; "
+                   "--use-peft: 10x, cli.LORA_LR_FACTOR)")
     g.add_argument("--warmup-lr-steps", type=int, default=None, help="linear lr warm-up steps (paper 10)")
     g.add_argument("--beta", type=float, default=0.0, help="KL coefficient (TRL's name, not CoBA's beta_t); "
                    "0 = no reference model (paper)")
@@ -182,6 +230,16 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
                         "(rollout.SampledTokenLogps) and serve as the old policy's log-probs, instead of a "
                         "no-grad forward over all rows (--use-vllm keeps its own no-grad pass)")
+    g = ap.add_argument_group("LoRA (ours, not the paper: peft, TRL's flag names and defaults; lora.py, docs/lora.md)")
+    g.add_argument("--use-peft", action="store_true",
+                   help="train a LoRA adapter over a frozen base instead of all weights (memory: docs/lora.md); "
+                        "with --beta > 0 the KL reference is the base itself (adapter off), no second copy")
+    g.add_argument("--lora-r", type=int, default=16, help="r, the rank of LoRA's A (r, d_in) and B (d_out, r) (TRL 16)")
+    g.add_argument("--lora-alpha", type=float, default=32, help="alpha: the update is (alpha / r) * B A (TRL 32)")
+    g.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on LoRA's input (TRL 0.05)")
+    g.add_argument("--lora-target-modules", nargs="+", default=["all-linear"], metavar="NAME",
+                   help="linear layers to wrap (e.g. q_proj v_proj), or all-linear: every linear layer but the "
+                        "output layer (ours; TRL's default None means peft's per-model choice, q_proj v_proj on Qwen2)")
     g = ap.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper 1.0)")
     g.add_argument("--top-p", type=float, default=1.0, help="rollout nucleus sampling")
@@ -233,10 +291,30 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="no progress bars (ours, the toy's warm-up, and transformers' load/save bars)")
 
 
+def check_path_flags(args: argparse.Namespace) -> None:
+    """Every flag of train.py that names a file or folder (paths.py), before anything is read or
+    written: --output-dir a folder (not empty, not a file) holding no symlinked run file; --model and
+    --dataset not empty (a local model is a folder, a .jsonl/.json/.parquet dataset an existing file);
+    each --eval-files an existing file."""
+    out = paths.check_path("--output-dir", args.output_dir, "dir")
+    paths.check_no_links("--output-dir", out, lambda name: name in RUN_ENTRIES or checkpoint.OURS.fullmatch(name))
+    named = args.model in toy.TOY_MODELS or args.model in MODEL_ALIASES or args.model == "smollm2-135m"
+    paths.check_path("--model", args.model, "name")
+    if not named:  # a local model is a folder (from_pretrained's); a hub id that is no path passes
+        paths.check_path("--model", args.model, "dir")
+    local = Path(args.dataset).suffix in (".jsonl", ".json", ".parquet")  # data.load_data's rule
+    paths.check_path("--dataset", args.dataset, "file" if local else "name", exists=local)
+    for path in args.eval_files:
+        paths.check_path("--eval-files", path, "file", exists=True)
+
+
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
-    preset = PRESETS["toy" if args.model in toy.TOY_MODELS or saved_run_model(args.model) in toy.TOY_MODELS
-                     else "hub"]
+    check_path_flags(args)
+    lab = toy.lab_name(args.model)  # a shipped lab, or a checkpoint trained from one: its preset
+    preset = PRESETS[(lab if lab in PRESETS else "toy") if lab else "hub"]
+    if args.use_peft and args.learning_rate is None:
+        args.learning_rate = LORA_LR_FACTOR * preset["learning_rate"]
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -249,6 +327,9 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     if args.eval_only and args.resume:
         ap.error("--eval-only trains nothing, so there is nothing to --resume: pass --model CHECKPOINT_DIR "
                  "to evaluate a checkpoint")
+    if args.eval_only and args.use_peft:
+        ap.error("--eval-only trains nothing, so there is no adapter to add: drop --use-peft (a LoRA run's "
+                 "final checkpoint-<N>/merged is a plain model for --model)")
     check_prompt_template(args.prompt_template)
     if args.shared_prompt_forward is None:
         args.shared_prompt_forward = not args.gradient_checkpointing
@@ -273,6 +354,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
         args.total_budget = M * G
     if args.max_budget is None:
         args.max_budget = 128 if args.model not in toy.TOY_MODELS else 4 * G
+    check_arm_flags(args, ap)
     try:
         allocate.check_feasible(M, args.total_budget, args.min_budget, args.max_budget)
         args.schedule_obj = coba.parse_schedule(args.schedule)
@@ -283,6 +365,20 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
     except ValueError as e:
         ap.error(str(e))
     return args
+
+
+def check_arm_flags(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    """The comparison arms' combinations (docs/arms.md), once B_total is known."""
+    if args.dynamic_sampling and (args.allocator != "uniform" or args.probe or args.prompt_selection != "sampler"):
+        ap.error("--dynamic-sampling is DAPO's arm: G rollouts for each of M prompts a block, so it takes "
+                 "--allocator uniform, no --probe and --prompt-selection sampler")
+    for key in ("max_rollouts", "eval_every_rollouts"):  # every arm spends whole multiples of B_total
+        value = getattr(args, key)
+        if value is not None and value % args.total_budget:
+            ap.error(f"--{key.replace('_', '-')} {value} is not a multiple of B_total = {args.total_budget} "
+                     "(the rollouts of one step, or of one DAPO block): pass a multiple")
+    if args.eval_every_rollouts is not None:  # it replaces --eval-every, recorded so
+        args.eval_every = 0
 
 
 @contextlib.contextmanager

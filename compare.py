@@ -9,6 +9,16 @@ only the split of B_total across prompts differs (and, for the `+probe` arms, ou
     python compare.py --preset ablation   # Tables 2-3 of the paper: schedules and fixed (alpha, beta)
     python compare.py --quick             # tiny version (what tests/test_compare.py runs)
     python compare.py --preset full --model toy-strong   # every arm on another starting model
+    python compare.py --preset headline --arms uniform coba dapo mopps mopps+coba --model toy-strong
+                                          # add the baselines of docs/arms.md to that sweep: the table's
+                                          # other arms stay, finished runs (runs/ or runs.jsonl) are reused
+
+Equal rollouts, not equal steps (issue 36): every arm ends at the same total rollouts, steps x B_total,
+on a rollouts axis. DAPO's arm (`dapo`) pays more than B_total for an update (its dropped groups),
+so it gets --max-rollouts and --eval-every-rollouts (equal_rollout_flags), makes fewer updates (the
+table's "updates" column) and is evaluated at the same rollout counts as the others; the arms that
+spend B_total a step keep their flags, so runs made before these arms existed are reused. MoPPS's
+arms draw their own prompts (the footer says so); all others share the seed's prompt order.
 
 Design (issue 12), so that a difference, if there is one, can be seen:
 - The regime (`REGIME`): lr 5e-5 and a 512-prompt pool revisited every 16 steps, so uniform GRPO's
@@ -66,6 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
+import paths
 from plots import budget_by_pass_rate, plot_comparison
 
 REPO = Path(__file__).resolve().parent
@@ -83,7 +94,24 @@ ARMS = {
     "coba:linear-decay": ["--allocator", "coba", "--schedule", "linear-decay"],
     "coba:fixed(10.5,1.5)": ["--allocator", "coba", "--schedule", "fixed:10.5,1.5"],
     "coba:fixed(1.5,10.5)": ["--allocator", "coba", "--schedule", "fixed:1.5,10.5"],
+    # the published baselines of the same family (issue 36, docs/arms.md): DAPO's dynamic sampling,
+    # MoPPS's prompt selection, and MoPPS choosing the prompts with CoBA splitting the budget
+    "dapo": ["--allocator", "uniform", "--dynamic-sampling"],
+    "mopps": ["--allocator", "uniform", "--prompt-selection", "mopps"],
+    "mopps+coba": ["--allocator", "coba", "--prompt-selection", "mopps"],
 }
+# Equal rollouts, not equal steps: an arm whose update can cost more than B_total rollouts (DAPO's
+# refill) gets --max-rollouts = steps x B_total and --eval-every-rollouts = eval_every x B_total, so it
+# ends at the same total rollouts as the others, evaluated at the same rollout counts (fewer updates:
+# the table says how many). Every other arm spends exactly B_total a step, so for it equal rollouts is
+# equal steps and its flags (and its finished runs) stay as they were.
+def spends_per_update_vary(arm: str) -> bool:
+    return "--dynamic-sampling" in ARMS[arm]
+
+
+def draws_own_prompts(arm: str) -> bool:
+    """MoPPS picks its own prompts: on a seed it does not share the other arms' prompt order."""
+    return "mopps" in ARMS[arm]
 # The lab regime where allocation can matter (issue 12, item 1; README "Results" shows the pilot).
 REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024",
           "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25"]
@@ -92,6 +120,15 @@ REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024
 # 2-core machine (issue 19; train.py, REGIME, 4 steps, evals at 0, 2, 4; load ~5): the 8 samples
 # added 41 s for 3 evaluations (~14 s each) while a training step took ~2.3 s, so 100 steps ~230 s
 # train and 5 evaluations ~75 s; every 10 steps (11 evaluations, ~165 s) would cost 3/4 of training.
+# toy-reason (issue 30) has its own regime: worked solutions need the lr its calibration found
+# stable (3e-4; 5e-5 barely moves it), a 1,024-prompt pool revisited every 32 steps (CoBA needs
+# revisits to know pass rates: toy.make_sum_splits), and a step costs ~10x a 3-token step, so its
+# runs are shorter and evaluate less often (README: the cost of a step and of an evaluation).
+MODEL_REGIMES = {
+    "toy-reason": dict(flags=["--learning-rate", "3e-4", "--train-size", "1024", "--eval-size", "1024",
+                              "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "10"],
+                       steps=40, eval_every=20),
+}
 PRESETS = {
     "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
                      seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
@@ -132,6 +169,9 @@ MAY_DIFFER = ("output_dir", "resume", "overwrite", "no_progress", "save_every", 
               "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
 # train.py flags compare.py sets itself (per arm, per seed, per run dir): not accepted as extra flags
 OWN_FLAGS = {"allocator": "--arms", "schedule": "--arms", "probe": "--arms", "seed": "--seeds",
+             "dynamic_sampling": "--arms", "prompt_selection": "--arms",
+             "max_rollouts": "compare.py's --steps (x B_total, for dapo)",
+             "eval_every_rollouts": "compare.py's --eval-every (x B_total, for dapo)",
              "output_dir": "--out", "resume": "(automatic)", "overwrite": "--redo-mismatched",
              "steps": "compare.py's --steps", "eval_every": "compare.py's --eval-every",
              "eval_samples": "compare.py's --eval-samples", "model": "compare.py's --model"}
@@ -157,7 +197,22 @@ def is_finished(run_dir: Path) -> bool:
 
 def train_argv(arm: str, seed: int, extra: list[str]) -> list[str]:
     """The train.py flags that define run (arm, seed) of this sweep (not where it writes)."""
-    return [*ARMS[arm], "--seed", str(seed), *extra]
+    return [*ARMS[arm], "--seed", str(seed), *extra, *equal_rollout_flags(arm, extra)]
+
+
+def equal_rollout_flags(arm: str, extra: list[str]) -> list[str]:
+    """--max-rollouts and --eval-every-rollouts for an arm whose updates cost more than B_total
+    (spends_per_update_vary): the sweep's --steps and --eval-every in rollouts, B_total = M x G as
+    train.py resolves it from the sweep's flags. [] for every other arm."""
+    if not spends_per_update_vary(arm):
+        return []
+    import cli
+
+    ap = cli.build_parser()
+    ap.prog = "compare.py (a flag passed on to train.py)"
+    args = cli.resolve_args(ap.parse_args([*ARMS[arm], *extra]), ap)
+    return ["--max-rollouts", str(args.steps * args.total_budget),
+            "--eval-every-rollouts", str(args.eval_every * args.total_budget)]
 
 
 def expected_config(flags: list[str]) -> dict:
@@ -229,6 +284,28 @@ def mismatched_runs(jobs, out: Path, extra: list[str]) -> dict:
     return found
 
 
+def stored_runs(jobs, out: Path, extra: list[str], store: dict, old_config: dict, coverage: set) -> dict:
+    """(arm, seed) -> differing flags ([] = reusable), for each job with no finished run in OUT/runs
+    but a summary in runs.jsonl. The flags it was made with: its own `train_argv` (recorded since
+    issue 36), else, for a run the table reports, the table's sweep: compare.jsonl's arm flags, the
+    seed and its train_flags. A summary with neither is not counted as a run (it is trained)."""
+    found = {}
+    for arm, seed in jobs:
+        if (arm, seed) not in store or is_finished(run_dir_for(out, arm, seed)):
+            continue
+        made_with = store[(arm, seed)].get("train_argv")
+        if made_with is None and (arm, seed) in coverage and arm in old_config.get("arms", {}):
+            made_with = [*old_config["arms"][arm], "--seed", str(seed), *old_config.get("train_flags", [])]
+        if made_with is None:
+            continue
+        import cli
+
+        defaults = json.loads(json.dumps(vars(cli.build_parser().parse_args([]))))
+        found[(arm, seed)] = config_diffs(expected_config(made_with), expected_config(train_argv(arm, seed, extra)),
+                                          defaults)
+    return found
+
+
 def sigint_when_parent_dies(parent: int) -> None:
     """In the child, before train.py starts (Linux): ask the kernel for a SIGINT when compare.py
     dies, even by kill -9, when it can pass nothing on. train.py takes that SIGINT as Ctrl-C
@@ -251,14 +328,16 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
     run_dir = run_dir_for(out, arm, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [*TRAIN, *ARMS[arm], "--seed", str(seed), "--output-dir", str(run_dir), "--no-progress",
-           "--threads", "1", *extra]
+           "--threads", "1", *extra, *equal_rollout_flags(arm, extra)]  # = train_argv's flags
     has_run = (run_dir / "log.jsonl").exists() or any(run_dir.glob("checkpoint-*"))
     if fresh and has_run:
         cmd.append("--overwrite")  # train.py deletes that run's log and checkpoints, nothing else
     elif has_run:
         cmd.append("--resume")  # from its newest complete checkpoint (none: from scratch)
+    # in this process's directory, as every relative path in cmd is meant (--out, a --dataset file): with
+    # cwd=REPO a run started outside the repo wrote its log into REPO/OUT/runs, where no one looked (issue 32)
     with (run_dir / "train.out").open("ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=functools.partial(sigint_when_parent_dies, os.getpid()))
 
 
@@ -376,6 +455,20 @@ def write_store(table_dir: Path, store: dict, first: list) -> None:
         write_atomic(table_dir / "runs.jsonl", "".join(json.dumps(store[k]) + "\n" for k in order))
 
 
+RESULTS_FILES = ("runs.jsonl", "compare.jsonl", "table.md")  # PRESET's results (the PNGs are drawings of them)
+
+
+def redraw_report(table_dir: Path, before: dict) -> str:
+    """--plots-only's line on what it rewrote: the results files whose bytes differ from those it
+    replaced (`before`: name -> bytes). Same runs, same code: none. The committed tables are not
+    rewritten silently when this code tables them differently from the code that wrote them."""
+    changed = [n for n in RESULTS_FILES if n in before and (table_dir / n).read_bytes() != before[n]]
+    if not changed:
+        return f"redraw: {', '.join(n for n in RESULTS_FILES if n in before)} in {table_dir} byte-identical to before"
+    return (f"redraw: {' and '.join(changed)} in {table_dir} changed: this code summarises or tables the runs "
+            "differently from the code that wrote them (git diff shows how)")
+
+
 def table_coverage(table_dir: Path) -> set:
     """The (arm, seed) runs the existing compare.jsonl (and so table.md and the plots) reports."""
     return {(r["arm"], s) for r in read_jsonl(table_dir / "compare.jsonl") if r.get("type") == "summary"
@@ -418,8 +511,9 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     x, greedy = curve(log, "heldout_acc")
     y = curve(log, f"heldout_avg@{k}")[1] if has_avg else greedy
     train = [r for r in log if r["type"] == "train"]
-    groups = sum(len(r["budgets"]) for r in train)
-    rollouts = sum(sum(r["budgets"]) for r in train)
+    # every rollout spent: the batch, or with DAPO every generated group (step_rollouts, step_groups)
+    groups = sum(r.get("step_groups", len(r["budgets"])) for r in train)
+    rollouts = sum(r.get("step_rollouts", sum(r["budgets"])) for r in train)
     n = config.get("eval_size")
     return {
         "type": "run", "arm": arm, "seed": seed, "metric": f"avg@{k}" if has_avg else "greedy",
@@ -434,10 +528,12 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
         "zero_signal_group_share": sum(r["zero_signal_groups"] for r in train) / groups,
         "zero_signal_rollout_share": sum(r["zero_signal_rollouts"] for r in train) / rollouts,
         "train_seconds": train[-1]["seconds"], "total_rollouts": train[-1]["rollouts"],
-        "max_budget_seen": max(max(r["budgets"]) for r in train),
+        "max_budget_seen": max(max(r["budgets"], default=0) for r in train),
         "budget_by_pass_rate": budget_by_pass_rate(train),
         "prompts_at_min_budget": float(np.mean([np.mean(np.array(r["budgets"]) == min(r["budgets"]))
-                                                for r in train if r["seen"] > 0] or [float("nan")])),
+                                                for r in train if r["seen"] > 0 and r["budgets"]] or [float("nan")])),
+        # updates made (DAPO's arm makes fewer for the same rollouts) and its generation blocks
+        "updates": len(train), "blocks": sum(r.get("dapo_blocks", 1) for r in train),
         "alpha_t": [r["alpha_t"] for r in train], "F_t": [r["F_t"] for r in train],
         "signal_prompts": signal_prompts(train),
     }
@@ -526,6 +622,13 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
                     "prompts_at_min_budget"):
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
+        # a runs.jsonl from before issue 36 has no "updates": one alpha_t per update (None: unknown)
+        updates = [r.get("updates", len(r.get("alpha_t") or []) or None) for r in mine]
+        if None not in updates:
+            row["updates_mean"] = float(np.mean(updates))
+            row["blocks_mean"] = float(np.mean([r.get("blocks", u) for r, u in zip(mine, updates)]))
+        if all("total_rollouts" in r for r in mine):
+            row["total_rollouts_mean"] = float(np.mean([r["total_rollouts"] for r in mine]))
         for key in optional:
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
@@ -586,11 +689,15 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
     extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"))
              if summary and f"{key}_mean" in summary[0]]
     show_signal = bool(summary) and "signal_prompts_mean" in summary[0]  # see signal_prompts()
+    # equal rollouts, not equal steps: where arms made different numbers of updates (DAPO), a column says so
+    show_updates = len({s.get("updates_mean") for s in summary}) > 1
     lines = [f"| arm | final {name} | AUC ({name}) | final {name} - uniform [95% CI] | AUC - uniform [95% CI] "
              f"| rollouts to uniform's final {name}, ratio [95% CI] | "
              + "".join(f"final {label} (- uniform [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
-             + (" prompts carrying signal per step (effective) |" if show_signal else ""),
-             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")]
+             + (" prompts carrying signal per step (effective) |" if show_signal else "")
+             + (" updates (same rollouts) |" if show_updates else ""),
+             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")
+             + ("---|" if show_updates else "")]
     for s in summary:
         d = diff.get(s["arm"])
         if d is None:
@@ -607,7 +714,8 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
         lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
                      f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | " + " | ".join(cells)
                      + f" | {s['zero_signal_rollout_share_mean']:.2f} |"
-                     + (f" {s['signal_prompts_mean']:.1f} |" if show_signal else ""))
+                     + (f" {s['signal_prompts_mean']:.1f} |" if show_signal else "")
+                     + (f" {s['updates_mean']:.1f} |" if show_updates else ""))
     mdes = [d["final_acc_min_detectable"] for d in diffs if math.isfinite(d["final_acc_min_detectable"])]
     if mdes:
         lines.append(f"\nSmallest detectable difference in final {name} (80% power, paired t, "
@@ -616,6 +724,25 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
                      f"{max(d['auc_min_detectable'] for d in diffs):.3f}).")
     lines += [("\n" if i == 0 else "") + f for i, f in enumerate(footer)]
     return "\n".join(lines)
+
+
+def arm_notes(summary: list[dict]) -> list[str]:
+    """Footer lines for the comparison arms (issue 36): which arms end on rollouts after fewer
+    updates (DAPO), and which do not share the seed's prompt order (MoPPS draws its own)."""
+    lines = []
+    fewer = [s for s in summary if s["arm"] in ARMS and spends_per_update_vary(s["arm"]) and "updates_mean" in s]
+    if fewer:
+        lines.append("Equal rollouts, not equal steps: " + "; ".join(
+            f"{s['arm']} ends at the same total rollouts ({s.get('total_rollouts_mean', float('nan')):.0f}) after "
+            f"{s['updates_mean']:.1f} updates, {s['blocks_mean'] / max(s['updates_mean'], 1e-9):.2f} "
+            "blocks of M x G rollouts each (the dropped groups' rollouts counted)" for s in fewer)
+            + "; evaluations fall at the same rollout counts as the other arms'.")
+    own = [s["arm"] for s in summary if s["arm"] in ARMS and draws_own_prompts(s["arm"])]
+    if own:
+        lines.append(f"Prompt order: {', '.join(own)} choose their own prompts (MoPPS's Thompson draws), so on a "
+                     "seed they do not share the prompt order of the other arms, which all take the seed's order "
+                     "(dapo block by block).")
+    return lines
 
 
 def evaluation_noise(runs: list[dict], metric: str, n: int | None) -> list[str]:
@@ -680,10 +807,11 @@ def parse_args(argv):
     args.arms = args.arms or list(preset["arms"])
     args.seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else list(preset["seeds"]))
     # explicit values always win (--steps 0 is an error below, never the preset's 100)
+    regime = {} if args.quick else MODEL_REGIMES.get(args.model, {})  # its steps and evaluations, if it has its own
     if args.steps is None:
-        args.steps = 6 if args.quick else preset["steps"]
+        args.steps = 6 if args.quick else regime.get("steps", preset["steps"])
     if args.eval_every is None:
-        args.eval_every = 3 if args.quick else preset["eval_every"]
+        args.eval_every = 3 if args.quick else regime.get("eval_every", preset["eval_every"])
     # one-line errors (issue 16): nothing silently wrong
     if len(set(args.seeds)) != len(args.seeds):
         ap.error(f"--seeds has duplicates ({args.seeds}): each (arm, seed) is one run; pass distinct seeds")
@@ -697,9 +825,8 @@ def parse_args(argv):
         ap.error(f"--eval-samples must be >= 0 (0: greedy accuracy only), got {args.eval_samples}")
     if args.eval_every < 1:
         ap.error(f"--eval-every must be >= 1 (the curves need evaluations along training), got {args.eval_every}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        ap.error(f"--out {out} is a file: pass a directory")
+    out = paths.check_path("--out", args.out, "dir")  # not empty (Path("") is the current directory), not a file
+    paths.check_path("--model", args.model, "name")
     if train_flags and not args.plots_only:
         taken = sorted(user_train_flags(train_flags) & set(OWN_FLAGS))
         if taken:
@@ -708,6 +835,8 @@ def parse_args(argv):
     tag = "" if args.model == "toy" else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", args.model).strip("_")
     args.table_dir = out / (("quick" if args.quick else args.preset) + tag)
     args.runs_out = out / f"model{tag}" if tag else out  # runs of another model never meet the toy's
+    for where in (args.table_dir, args.runs_out / "runs"):  # where tables and runs go: folders too
+        paths.check_path("--out", str(where), "dir")
     return args, train_flags
 
 
@@ -731,39 +860,52 @@ def prepare_model(args) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args, train_flags = parse_args(argv)
     out = args.runs_out  # OUT, or OUT/model-NAME for another starting model
-    extra = [*(QUICK_FLAGS if args.quick else REGIME), "--steps", str(args.steps), "--eval-every",
+    regime = QUICK_FLAGS if args.quick else MODEL_REGIMES.get(args.model, {}).get("flags", REGIME)
+    extra = [*regime, "--steps", str(args.steps), "--eval-every",
              str(args.eval_every), "--eval-samples", str(args.eval_samples), "--model", args.model, *train_flags]
     jobs = [(a, s) for s in args.seeds for a in args.arms]
     table_dir = args.table_dir
     store = load_store(table_dir)  # the per-run summaries already in PRESET/runs.jsonl
     old_config = next(iter(read_jsonl(table_dir / "compare.jsonl")), {})
+    coverage = table_coverage(table_dir)
+    # Adding arms to a sweep (issue 36): an arm the table reports and this command does not name is
+    # carried over whole from runs.jsonl, neither trained nor dropped; a named arm must keep its seeds.
+    carried = sorted(k for k in coverage if k[0] not in args.arms and k in store)
+    if carried:
+        print(f"keeping {', '.join(dict.fromkeys(a for a, _ in carried))} as {table_dir / 'runs.jsonl'} holds "
+              "them (reported by its table, not named by --arms)", flush=True)
     t0 = time.time()
     if args.plots_only:
         # a run's own log if it is here, else its summary in runs.jsonl (committed; runs/ is not)
         have = {k for k in jobs if is_finished(run_dir_for(out, *k))} | (set(jobs) & set(store))
-        if not have:
+        if not have and not carried:
             raise SystemExit(f"error: nothing to redraw: no finished run of {_pairs(jobs)} in {out / 'runs'} "
                              f"or {table_dir / 'runs.jsonl'}: run the sweep first, or pass the --out/--preset "
                              "that holds it")
-        reported = [k for k in jobs if k in have]
+        reported = [k for k in jobs if k in have] + carried
     else:
-        reported = jobs
-    dropped = table_coverage(table_dir) - set(reported)
+        reported = jobs + carried
+    dropped = coverage - set(reported)
     if dropped:
         raise SystemExit(f"error: {table_dir}/compare.jsonl and table.md report runs this command would drop "
                          f"({_pairs(dropped)}): pass the same --arms and --seeds, or another --out")
     if not args.plots_only:
         bad = mismatched_runs(jobs, out, extra)
+        # a finished run known only by its summary in runs.jsonl (runs/ is not committed) is reused when
+        # the flags it was made with are this sweep's; with other flags it is refused like any other
+        stored = stored_runs(jobs, out, extra, store, old_config, coverage)
+        bad.update({k: diffs for k, diffs in stored.items() if diffs})
         if bad and not args.redo_mismatched:
             flags = sorted({d for diffs in bad.values() for d in diffs})
             raise SystemExit(f"error: {len(bad)} runs in {out / 'runs'} ({_pairs(bad)}) were made with other "
                              f"train.py flags than this sweep gives them ({'; '.join(flags[:6])}): pass another "
                              "--out, or --redo-mismatched to train them again from scratch")
-        todo = [k for k in jobs if k in bad or not is_finished(run_dir_for(out, *k))]
+        todo = [k for k in jobs if k in bad or not (is_finished(run_dir_for(out, *k)) or k in stored)]
         table_dir.mkdir(parents=True, exist_ok=True)
 
         def on_finished(arm, seed):  # per-run summaries go to runs.jsonl as runs finish
-            store[(arm, seed)] = summarise_run(arm, seed, read_log(run_dir_for(out, arm, seed)))
+            store[(arm, seed)] = {**summarise_run(arm, seed, read_log(run_dir_for(out, arm, seed))),
+                                  "train_argv": train_argv(arm, seed, extra)}
             write_store(table_dir, store, jobs)
 
         if todo:
@@ -778,25 +920,34 @@ def main(argv: list[str] | None = None) -> dict:
     for a, s in reported:
         log = read_log(run_dir_for(out, a, s))
         if any(r.get("type") == "summary" for r in log):
-            store[(a, s)] = summarise_run(a, s, log)
+            store[(a, s)] = {**store.get((a, s), {}), **summarise_run(a, s, log)}
+        if not args.plots_only and (a, s) in jobs:  # checked against, or made with, this sweep's flags
+            store[(a, s)]["train_argv"] = train_argv(a, s, extra)
         runs.append(store[(a, s)])
+    before = {p.name: p.read_bytes() for p in map(table_dir.joinpath, RESULTS_FILES) if p.is_file()}
     table_dir.mkdir(parents=True, exist_ok=True)
     write_store(table_dir, store, jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
     summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
     config = {"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
-              "train_flags": extra, "arms": {a: ARMS[a] for a in args.arms}, "seeds": args.seeds,
+              "train_flags": extra, "arms": {a: ARMS[a] for a in dict.fromkeys([*args.arms, *(a for a, _ in carried)])},
+              "seeds": args.seeds,
               "model": args.model, "wall_seconds": round(wall, 1)}
     if args.plots_only and old_config.get("type") == "config":
-        config = {**old_config, "redrawn_by": config["argv"]}
+        # the sweep's record as it was: how a redraw was invoked is no result, and recording it
+        # (an earlier "redrawn_by") rewrote a committed line at every redraw (issue 32)
+        config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
     plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric)  # plots.py draws
-    footer = evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
+    footer = (evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
+              + arm_notes(summary))
     pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)
     table = markdown_table(summary, diffs, metric, pass_k, footer) if summary else "(no uniform runs: no table)"
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
+    if args.plots_only:
+        print(redraw_report(table_dir, before))
     missing = len(jobs) - len(runs)
     print(f"wall time {wall:.0f} s ({len(runs)} finished runs{f', {missing} not found' if missing else ''}); "
           f"wrote {table_dir / 'compare.jsonl'}, table.md and {len(plots)} plots")

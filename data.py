@@ -8,10 +8,11 @@ file; checks every row (a row without a usable question or answer is skipped and
 --bad-rows error stops the run at its file:line); keeps only the final answer of a GSM8K/MATH
 solution (and normalises the benchmarks' answers); formats prompts (template, chat template); and
 skips problems whose prompt is over --max-prompt-length tokens; and the order in which the
-training loop draws them (PromptSampler: seeded epochs over the pool). It keeps file formats and their errors out of train.py,
+training loop draws them (PromptSampler: seeded epochs over the pool; MoPPSSampler: MoPPS's Thompson-
+sampled choice among them, --prompt-selection mopps, docs/arms.md). It keeps file formats and their errors out of train.py,
 whose loop only sees records. No model, no torch.
 Tests: tests/test_reliability.py (bad data files), tests/test_train.py (answers, splits),
-tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
+tests/test_arms_dapo_mopps.py (MoPPS), tests/test_evalsets.py (the benchmarks: columns, answer normalisation, rewards; offline).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import random
 import re
 import sys
 from pathlib import Path
+
+import numpy as np
 
 import toy
 import verify
@@ -271,7 +274,9 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
     eval_names = check_eval_names(args.eval_files)
     if args.dataset == "toy":
         # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
-        train, test = toy.make_splits(0, n_train=args.train_size, n_test=args.eval_size)
+        # The task follows the lab: toy-reason's worked running sums, else the 8-level arithmetic.
+        task = toy.task_of(toy.lab_name(args.model) or "toy")
+        train, test = toy.task_splits(task, 0, n_train=args.train_size, n_test=args.eval_size)
         evals = {"heldout": test}
     else:
         hub, config, qf, af, train_split, test_split = DATASET_ALIASES.get(
@@ -363,6 +368,8 @@ def data_identity(args, train: list[dict], evals: dict[str, list[dict]]) -> dict
     ident = {}
     if args.dataset == "toy":
         ident["toy"] = {"seed": 0, "n_train": args.train_size, "n_test": args.eval_size}
+        if toy.task_of(toy.lab_name(args.model) or "toy") != "arith":
+            ident["toy"]["task"] = toy.task_of(toy.lab_name(args.model))
     elif Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
         ident["file"] = file_id(args.dataset)
     else:
@@ -455,8 +462,103 @@ class PromptSampler:
         self.pos += M
         return ids
 
+    def record(self, prompt_ids, successes, totals) -> None:
+        """A fixed order learns nothing from the rollouts (MoPPSSampler does: the same call)."""
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos}
 
     def load_state_dict(self, d: dict) -> None:
         self.epoch, self.pos = d["epoch"], d["pos"]
+
+
+# ----------------------------------------------------------------------------------------------
+# MoPPS (Qu et al., arXiv 2507.04632; thu-rllab/MoPPS recipe/ours/mopps.py `PosteriorSampler`):
+# choose the prompts predicted nearest p = 0.5, a baseline beside CoBA-RL (--prompt-selection mopps)
+# ----------------------------------------------------------------------------------------------
+# Each prompt's success rate has a Beta posterior, Beta(1, 1) before any visit. A step draws
+# ratio x M candidates (the next ones of the same seeded epoch order as PromptSampler: the released
+# code enlarges the dataloader's batch by ts_ratio), draws theta_i ~ Beta(alpha_i, beta_i) for each
+# (Thompson sampling), and keeps the M whose theta_i is nearest the target 0.5 ('topk', its launch
+# scripts' strategy). After the rollouts each chosen prompt's posterior takes its successes and
+# failures, decayed towards the prior by lambda (`bandit_decay_ratio`, config default 1.0 = no decay):
+#     alpha_i <- lambda alpha_i + (1 - lambda) alpha_0 + s_i,   beta_i <- lambda beta_i + (1 - lambda) beta_0 + (n_i - s_i)
+# The released code adds s_i * G with s_i the group's mean; with CoBA's unequal B_i (mopps+coba)
+# the counts s_i and n_i - s_i are the same thing per rollout. Departures (ours, docs/arms.md):
+# (1) theta from a numpy Generator seeded by (--seed, draw number), not the global np.random, so
+#     a resumed run draws what an unbroken one would; (2) ties in |theta - 0.5| go to the earlier
+#     candidate (a stable sort; the released np.argsort is not stable). Test: tests/test_arms_dapo_mopps.py
+MOPPS_PRIOR = (1.0, 1.0)  # Beta(1, 1): uniform on [0, 1] (released `prior_alpha`, `prior_beta`)
+MOPPS_TARGET = 0.5  # released `bandit_target_mean`: the pass rate with the largest GRPO signal p(1 - p)
+
+
+def mopps_update(alpha: float, beta: float, successes: float, totals: float, decay: float = 1.0,
+                 prior: tuple[float, float] = MOPPS_PRIOR) -> tuple[float, float]:
+    """One visit into a prompt's Beta posterior: `successes` of `totals` rollouts right, the old
+    counts decayed by lambda = `decay` towards the prior (the released `PosteriorSampler.train`)."""
+    alpha_0, beta_0 = prior
+    return (decay * alpha + (1.0 - decay) * alpha_0 + successes,
+            decay * beta + (1.0 - decay) * beta_0 + (totals - successes))
+
+
+def mopps_select(draws, M: int, target: float = MOPPS_TARGET) -> list[int]:
+    """Positions of the M draws theta_i nearest `target` (squared distance, as released), nearest
+    first; ties to the earlier position."""
+    distance = [(float(theta) - target) ** 2 for theta in draws]
+    return sorted(range(len(distance)), key=lambda k: distance[k])[:M]
+
+
+class MoPPSSampler:
+    """PromptSampler's interface (next, record, state_dict) with MoPPS's choice inside: next(M)
+    takes ratio * M candidates from a PromptSampler and keeps M by Thompson sampling; record()
+    updates the posteriors from the same (prompt, successes, rollouts) visits CoBA's tracker gets."""
+
+    def __init__(self, n: int, seed: int, ratio: int, decay: float = 1.0):
+        self.order, self.seed, self.ratio, self.decay = PromptSampler(n, seed), seed, ratio, decay
+        self.posterior: dict[int, tuple[float, float]] = {}  # prompt id -> (alpha_i, beta_i); absent: prior
+        self.draws = 0  # selections made: seeds the next Thompson draw
+        self.last_draws: list[float] = []  # theta of the M chosen prompts at the last next() (logged)
+
+    def beta_params(self, prompt_ids) -> list[tuple[float, float]]:
+        return [self.posterior.get(int(i), MOPPS_PRIOR) for i in prompt_ids]
+
+    def next(self, M: int) -> list[int]:
+        candidates = self.order.next(self.ratio * M)
+        params = self.beta_params(candidates)
+        rng = np.random.default_rng([self.seed, self.draws])
+        self.draws += 1
+        theta = rng.beta([a for a, _ in params], [b for _, b in params])  # (ratio * M,)
+        chosen = mopps_select(theta, M)
+        self.last_draws = [float(theta[k]) for k in chosen]
+        return [candidates[k] for k in chosen]
+
+    def record(self, prompt_ids, successes, totals) -> None:
+        for i, s, n in zip(prompt_ids, successes, totals):
+            alpha, beta = self.posterior.get(int(i), MOPPS_PRIOR)
+            self.posterior[int(i)] = mopps_update(alpha, beta, float(s), float(n), self.decay)
+
+    def state_dict(self) -> dict:
+        return {**self.order.state_dict(), "draws": self.draws,
+                "posterior": {str(i): [a, b] for i, (a, b) in self.posterior.items()}}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.order.load_state_dict(d)
+        self.draws = d["draws"]
+        self.posterior = {int(i): (float(a), float(b)) for i, (a, b) in d["posterior"].items()}
+
+
+def check_candidates(args, n: int) -> None:
+    """MoPPS draws ratio x M distinct candidates a step from the n training problems: at most n."""
+    if getattr(args, "prompt_selection", "sampler") == "mopps" and args.mopps_ratio * args.prompts_per_step > n:
+        raise SystemExit(f"error: --mopps-ratio {args.mopps_ratio} x --prompts-per-step {args.prompts_per_step}"
+                         f" = {args.mopps_ratio * args.prompts_per_step} candidates a step, more than the "
+                         f"{n} training problems: lower --mopps-ratio or raise --train-size")
+
+
+def make_sampler(args, n: int):
+    """Step 1's prompt order: --prompt-selection sampler (the seeded epochs every other arm shares)
+    or mopps (MoPPSSampler, which draws its own)."""
+    check_candidates(args, n)
+    if getattr(args, "prompt_selection", "sampler") == "mopps":
+        return MoPPSSampler(n, args.seed, args.mopps_ratio, args.mopps_decay)
+    return PromptSampler(n, args.seed)

@@ -18,6 +18,7 @@ no held-out evaluation runs (--eval-size 0). It uses whatever torch and transfor
 
     python gpu_check.py             # one CUDA GPU, ~5-8 min
     python gpu_check.py --tiny      # this script on a 2-layer model on CPU, < 1 min
+    python gpu_check.py --use-peft  # the same with LoRA (train.py --use-peft, lora.py): memory for 16-24 GB GPUs
 
 vLLM is not part of this check (the lent GPU machines have no package index to install it);
 what only a GPU run can tell about the vLLM path is listed in the README.
@@ -38,6 +39,7 @@ import torch
 
 import toy
 import train
+from paths import check_path
 
 QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
@@ -88,12 +90,13 @@ class Watch:
             os.kill(os.getpid(), signal.SIGINT)  # GracefulInterrupt: finish the step, then return
         return metrics
 
-    def changed(self) -> tuple[int, int, float]:
-        """(parameters that moved, parameters, largest sampled |change|)."""
-        moved, biggest = 0, 0.0
+    def changed(self) -> tuple[list[str], int, float]:
+        """(names of the parameters that moved, parameters, largest sampled |change|)."""
+        moved, biggest = [], 0.0
         for n, p in self.model.named_parameters():
             d = (p.detach().flatten()[::997].float().cpu() - self.before[n]).abs().max().item()
-            moved += d > 0
+            if d > 0:
+                moved.append(n)
             biggest = max(biggest, d)
         return moved, len(self.before), biggest
 
@@ -105,8 +108,9 @@ def run_once(model_dir: Path, run_dir: Path, M: int, opts, on_gpu: bool, budget_
              "--micro-batch-size", str(opts.micro_batch_size),
              "--generation-batch-size", str(opts.generation_batch_size), "--prompt-template", "{question}",
              "--prompt-format", "plain", "--eval-size", "0", "--eval-every", "0",
-             "--output-dir", str(run_dir), "--no-progress", "--learning-rate", "1e-6", "--warmup-lr-steps", "0",
-             "--seed", "0"]
+             "--output-dir", str(run_dir), "--no-progress", "--warmup-lr-steps", "0", "--seed", "0",
+             # LoRA's lr: 10x full fine-tuning's, as train.py's default with --use-peft (cli.LORA_LR_FACTOR)
+             "--learning-rate", "1e-5" if opts.use_peft else "1e-6"] + (["--use-peft"] if opts.use_peft else [])
     flags += ["--bf16", "--gradient-checkpointing", "--device", "cuda"] if on_gpu else ["--device", "cpu", "--no-bf16"]
     watch = Watch(budget_s)
     saved = (train.save_checkpoint, train.policy_update, train.verify.rewards)
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts-per-step", type=int, default=None, help="M (GPU 32, the README's; tiny 4)")
     ap.add_argument("--num-generations", type=int, default=None, help="G (GPU 16; tiny 4)")
     ap.add_argument("--max-completion-length", type=int, default=None, help="T (GPU 1024; tiny 16)")
+    ap.add_argument("--use-peft", action="store_true", help="LoRA r = 16 on all linear layers over a frozen "
+                    "base (train.py --use-peft): only the adapter must move")
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--generation-batch-size", type=int, default=256)
     ap.add_argument("--max-minutes", type=float, default=8.0,
@@ -149,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
           f"device {torch.cuda.get_device_name() if on_gpu else 'cpu'}")
-    root = Path(opts.out or tempfile.mkdtemp(prefix="coba-gpu-check-"))
+    # --out '' is an error, not a silent temp dir (paths.py)
+    root = (check_path("--out", opts.out, "dir") if opts.out is not None
+            else Path(tempfile.mkdtemp(prefix="coba-gpu-check-")))
     model_dir = build_random_model(root / "model", TINY if opts.tiny else QWEN25_15B,
                                    torch.bfloat16 if on_gpu else torch.float32)
     print(f"model built in {time.time() - t0:.0f} s; reward: a seeded coin per rollout (p = 0.5), see the docstring")
@@ -187,10 +195,16 @@ def main(argv: list[str] | None = None) -> int:
               f"(reserved {torch.cuda.max_memory_reserved() / 2**30:.1f} GiB) of "
               f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
     moved, total, biggest = watch.changed()
-    print(f"weights changed: {moved}/{total} parameter tensors moved (largest sampled change {biggest:.3g})")
-    ok = bool(steps) and all(r["grad_norm"] > 0 for r in steps) and moved > 0
+    print(f"weights changed: {len(moved)}/{total} parameter tensors moved (largest sampled change {biggest:.3g})")
+    ok = bool(steps) and all(r["grad_norm"] > 0 for r in steps) and bool(moved)
+    if opts.use_peft:  # the base is frozen: only LoRA's A and B may move
+        base_moved = [n for n in moved if ".lora_" not in n]
+        print(f"--use-peft: {sum('.lora_' in n for n in watch.before)} LoRA tensors, "
+              f"{sum(p.numel() for p in watch.model.parameters() if p.requires_grad):,} trainable parameters; "
+              f"base tensors moved: {len(base_moved)}")
+        ok = ok and not base_moved
     print(f"total wall time {time.time() - t0:.0f} s; {'OK' if ok else 'FAILED'}: grad_norm > 0 at every step "
-          f"and weights changed")
+          f"and weights changed" + (", the base's did not" if opts.use_peft else ""))
     return 0 if ok else 1
 
 

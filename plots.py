@@ -13,6 +13,12 @@ A run's figures, from OUTPUT_DIR/log.jsonl alone, into OUTPUT_DIR/plots/:
 
     python plots.py runs/default          # -> runs/default/plots/*.png
 
+And one figure of the method itself, from coba.py alone (no run): the README's picture.
+    method_figure            eq. 5's density at the (alpha_t, beta_t) that eqs. 6-7 give for a falling
+                             F_bar: the peak moves from easy prompts (high p) to hard ones (low p)
+
+    python plots.py --method-figure docs/beta_by_failure_rate.png
+
 matplotlib with the Agg backend (files only; no display on CI), imported only when drawing, so
 `import plots` costs nothing. Test: tests/test_watch.py.
 """
@@ -25,6 +31,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from paths import check_no_links, check_path
 
 PASS_BINS = np.linspace(0, 1, 11)  # pass-rate bins of the budget-vs-pass-rate figures
 EVAL_META = ("type", "step", "rollouts")  # eval record keys that are not an accuracy
@@ -43,7 +51,9 @@ def _save(fig, path: Path) -> Path:
     plt = _plt()
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, dpi=110, format="png")
+    # no "Software: Matplotlib version ..." text chunk: a redraw under another matplotlib release that
+    # draws the same pixels writes the same bytes (Agg PNGs hold no date; issue 32)
+    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
     plt.close(fig)
     os.replace(tmp, path)  # whole or not at all, like the other results files
     return path
@@ -329,6 +339,34 @@ def plot_comparison(out: Path, runs: list[dict], t975, metric: str = "greedy") -
     return [p for p in paths if p is not None]
 
 
+# ----------------------------------------------------------------------------------------------
+# The method, from coba.py alone
+# ----------------------------------------------------------------------------------------------
+METHOD_F_BARS = (0.95, 0.8, 0.6, 0.5, 0.4, 0.3)  # falling failure rate: a model getting better
+
+
+def method_figure(path: Path, f_bars=METHOD_F_BARS, kappa: float = 11.0, gamma: float = 10.0) -> Path:
+    """Eq. 5's Beta density at the (alpha_t, beta_t) of eqs. 6-7 for each F_bar in `f_bars`, with
+    the paper's kappa = 11 and gamma = 10. Above F_bar = 0.5 eq. 6 is the identity and the peak sits
+    at easy prompts (exploit); below, its sigmoid branch pushes alpha_t down fast (0.3 -> F_tilde
+    0.119 -> alpha_t 2.07) and the peak moves to hard prompts (explore)."""
+    import coba
+
+    plt = _plt()
+    p = np.linspace(0.005, 0.995, 199)  # (199,) open interval: the density may be infinite at 0 or 1
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    cmap = plt.get_cmap("coolwarm")
+    for j, F_bar in enumerate(f_bars):
+        F_tilde = coba.transform_failure_rate(F_bar, gamma)
+        alpha_t, beta_t = coba.beta_params(F_tilde, kappa)
+        ax.plot(p, coba.preference_density(p, alpha_t, beta_t), color=cmap(1 - j / max(len(f_bars) - 1, 1)),
+                label=f"F_bar {F_bar:.2f}: alpha_t {alpha_t:.2f}, beta_t {beta_t:.2f}")
+    ax.set(xlabel="pass rate p of a prompt (hard <- -> easy)", ylabel="Beta density (eq. 5)",
+           title="Where CoBA-RL spends rollouts as the failure rate F_bar falls")
+    ax.legend(fontsize=7.5, loc="upper center")  # "best" is slow with 199-point curves
+    return _save(fig, Path(path))
+
+
 def plot_run_safely(run_dir) -> list[Path]:
     """train.py's end-of-run call: the run is finished and saved by now, so a figure that fails is
     reported in one line, not raised (`python plots.py RUN_DIR` redoes them)."""
@@ -342,9 +380,22 @@ def plot_run_safely(run_dir) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> list[Path]:
     ap = argparse.ArgumentParser(description="Draw a run's figures into RUN_DIR/plots/ from RUN_DIR/log.jsonl.")
-    ap.add_argument("run_dirs", nargs="+", help="train.py --output-dir directories")
+    ap.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="train.py --output-dir directories")
+    ap.add_argument("--method-figure", metavar="PATH", default=None,
+                    help="also draw eq. 5's density for a falling F_bar (eqs. 6-7) into PATH, from coba.py "
+                         "alone: the README's picture (docs/beta_by_failure_rate.png)")
     args = ap.parse_args(argv)
-    paths = []
+    if not args.run_dirs and args.method_figure is None:
+        ap.error("pass RUN_DIR (a train.py --output-dir) or --method-figure PATH")
+    for d in args.run_dirs:  # every directory checked before any figure is drawn (paths.py)
+        check_path("RUN_DIR", d, "dir", exists=True)
+        check_path("RUN_DIR", str(Path(d) / "plots"), "dir")
+        check_no_links("RUN_DIR", Path(d), lambda name: name == "plots")
+    if args.method_figure is not None:
+        check_path("--method-figure", args.method_figure, "file")
+    paths = [method_figure(args.method_figure)] if args.method_figure else []
+    if paths:
+        print(f"{paths[0]}: eq. 5 at F_bar {', '.join(map(str, METHOD_F_BARS))}")
     for d in args.run_dirs:
         mine = plot_run(d)
         print(f"{d}: {len(mine)} plots in {Path(d) / 'plots'}")

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+import lora
+
 
 def eos_ids(model, tokenizer) -> set[int]:
     ids = model.generation_config.eos_token_id
@@ -411,7 +413,10 @@ class VLLMGenerator:
     def _push_weights(self, model) -> None:
         # named_parameters, not state_dict: a tied lm_head appears once, under embed_tokens (vLLM
         # ties it the same way, qwen2.py:486-487). fp32 master weights are cast by the loaders' copy_.
-        weights = [(name, p.detach()) for name, p in model.named_parameters()]
+        # --use-peft: W + s * B A per wrapped layer in fp32 under the base's names (lora.engine_weights;
+        # the engine has no adapter, and merging into the trainer's base would drift it).
+        weights = (lora.engine_weights(model) if lora.is_lora(model)
+                   else [(name, p.detach()) for name, p in model.named_parameters()])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                           "is_checkpoint_format": True})
         if self.on_cpu:

@@ -23,13 +23,21 @@ rl_step below is that one step; --probe (ours, not the paper) is probe_then_allo
 this file: the command line, its flags, toy vs real-model presets and range checks (cli.py); reading
 and checking data files (data.py); and what makes a run safe to stop and resume: atomic
 checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
+The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_rollouts: blocks of
+M x G until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
+from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
+LoRA (--use-peft, ours) is lora.py: setup wraps the model, and the KL reference is the base under
+the adapter.
 Several processes (data-parallel, `torchrun --nproc_per_node N train.py ...`): dist.py holds all of
 it; here it shows as one Share per step (which whole groups this rank generates and trains on) and
 the gathers after generation, so the tracker, advantages and log see the whole step on every rank.
-Left out on purpose: FSDP/DeepSpeed sharding (dist.py says why), LoRA, async rollouts, dynamic sampling.
-Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm) and
-tests/test_arms.py (knapsack, coba-released, --probe); crashes, NaNs, a second run and bad data
-files: tests/test_reliability.py.
+Under torchrun main refuses --probe, --eval-only, --dynamic-sampling, --prompt-selection mopps and
+--use-peft (one process only, for now: main says why).
+Left out on purpose: FSDP/DeepSpeed sharding (dist.py says why), async rollouts.
+Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm),
+tests/test_arms.py (knapsack, coba-released, --probe) and tests/test_arms_dapo_mopps.py (dapo, mopps,
+mopps+coba); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes, NaNs, a second run and
+bad data files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
@@ -51,7 +59,9 @@ import torch
 import allocate
 import coba
 import dist
+import dynamic_sampling
 import grpo
+import lora
 import plots
 import tracking
 import verify
@@ -60,7 +70,7 @@ from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identit
                         save_checkpoint, truncate_log)
 from cli import (build_parser, closing_line, eval_table, progress_bars,  # the command line: flags, presets,
                  resolve_args)  # range checks, and what it prints at the end
-from data import PromptSampler, data_identity, fit_prompt_length, format_prompt, load_data
+from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
 from models import identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
@@ -165,6 +175,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     micro = args.micro_batch_size
     old_logps, ref_logps = batch.get("old_logps"), None  # (N, T) generation's log-probs, or None
     own_first = old_logps is not None  # the first mini-batch takes its own detached forward as pi_old
+    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
     with torch.no_grad():
         # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
         if args.num_mini_batches > 1 and old_logps is None:
@@ -227,8 +238,10 @@ def make_optimizer(model, args):
         except ImportError:
             raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
                              "CUDA only): or use --optim adamw")
-        return bnb.optim.AdamW8bit(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    return torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+        return bnb.optim.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
+                                   weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # --use-peft: LoRA's A and B only
+    return torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
 
 
 def nonfinite(metrics: dict, model) -> list[str]:
@@ -250,7 +263,7 @@ class Run:
     out: Path
     model: torch.nn.Module
     tokenizer: object
-    ref_model: torch.nn.Module | None  # frozen initial policy for the KL term (--beta > 0)
+    ref_model: torch.nn.Module | lora.WithoutAdapter | None  # frozen initial policy for the KL term (--beta > 0)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     tracker: coba.CapabilityTracker
@@ -278,6 +291,7 @@ class StepRollouts:
     prompt_idx: list[int]  # (M,) dataset index of each prompt
     prompt_tok_m: list[list[int]]  # M prompts tokenised once (not per rollout): generation and loss
     answers_m: list[str]  # (M,) reference answers
+    prompts: list[str] = field(default_factory=list)  # (M,) formatted prompts (--log-completions)
     vstats: verify.VerifyStats = field(default_factory=verify.VerifyStats)
     gen_seconds: float = 0.0
     sampler_lps: dict = field(default_factory=dict)  # round -> per row, vLLM's log-prob of each token (HF: None)
@@ -304,6 +318,7 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     torch.manual_seed(args.seed)
     data_counts = {"skipped_rows": 0, "skipped_long_prompts": 0}  # logged in the config line
     train_set, eval_sets = load_data(args, data_counts)
+    check_candidates(args, len(train_set))  # MoPPS's ratio x M candidates fit the pool: fail before --overwrite
     saved = {}  # the resumed run's recorded flags and identities
     if resume_from is not None:
         with contextlib.suppress(OSError, ValueError):  # unreadable: resume_checkpoint names the damage
@@ -312,10 +327,14 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     args.data_identity = data_identity(args, train_set, eval_sets)
     check_identity({"data_identity": saved.get("data_identity")}, args, resume_from)
     # fp32 master weights always; with --bf16 the forward passes run under bf16 autocast instead.
-    model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
+    # --use-peft: the frozen base needs no master copy (bf16 with --bf16), LoRA's weights are fp32.
+    model, tokenizer, model_path = load_model_and_tokenizer(
+        args, device, torch.bfloat16 if args.use_peft and bf16 else torch.float32)
     dist.broadcast_params(model)  # under torchrun: every rank starts from rank 0's weights
     dist.seed_rank(args.seed)  # ... and samples its own rollouts (rank 0 keeps --seed)
     args.model_identity = identity_for(args, model, model_path)
+    if args.use_peft:
+        model = lora.wrap(model, args)
     check_identity({"model_identity": saved.get("model_identity")}, args, resume_from)
     main_rank = dist.current().main  # rank 0 alone writes to OUTPUT_DIR
     if args.overwrite and main_rank:  # only now, with data and model loaded: a typo in either leaves the old run whole
@@ -323,7 +342,9 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     ref_model = None
-    if args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
+    if args.beta > 0 and args.use_peft:  # the base under the adapter is the initial policy: no copy
+        ref_model = lora.WithoutAdapter(model)
+    elif args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
         ref_model = load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0]
         ref_model.eval().requires_grad_(False)  # frozen: bf16 weights are enough for log-probs
     optimizer = make_optimizer(model, args)
@@ -334,7 +355,7 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
                                      kappa=args.kappa, schedule=args.schedule_obj,
                                      released_init=args.allocator == "coba-released")
     run = Run(args, out, model, tokenizer, ref_model, optimizer, scheduler, tracker,
-              PromptSampler(len(train_set), args.seed), VLLMGenerator(args, model_path) if args.use_vllm else None,
+              make_sampler(args, len(train_set)), VLLMGenerator(args, model_path) if args.use_vllm else None,
               train_set, eval_sets, device, amp, counters={"rollouts": 0, "seconds": 0.0})
     start, log_path = 0, out / "log.jsonl"
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
@@ -468,45 +489,76 @@ def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
         raise SystemExit(f"error: {message}")
 
 
-def rl_step(run: Run, step: int) -> dict:
-    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
-    args, tracker, M = run.args, run.tracker, run.args.prompts_per_step
-    t0 = time.time()
-    # 1. sample M prompts, tokenised once per prompt (not per rollout)
-    prompt_idx = run.sampler.next(M)
+def step_prompts(run: Run, step: int) -> StepRollouts:
+    """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
+    --prompt-selection), tokenised once per prompt (not per rollout)."""
+    args = run.args
+    prompt_idx = run.sampler.next(args.prompts_per_step)
     prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
-    roll = StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
-                        [run.train_set[j]["answer"] for j in prompt_idx])
-    # 2. allocate budgets from the tracker: p_i of the last visits, alpha_t and beta_t (eqs. 3-9)
-    alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
-    if args.probe:  # (ours, not the paper) steps 2-4 with B_low probe rollouts per prompt first
-        alloc, completion_ids, reward_list, lp_rows = probe_then_allocate(run, roll, alpha_t, beta_t)
-    else:
-        alloc = allocate_step(args, tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx),
-                              tracker.knapsack_stats(prompt_idx), alpha_t, beta_t)
-        # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
-        alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
-        share = dist.Share.of(alloc.budgets)
-        completion_ids, reward_list, lengths = sample_share(run, roll, share)
-        lp_rows = roll.sampler_lps[0]
-    budgets = alloc.budgets
-    if args.probe:  # one process only (main refuses --probe under torchrun): this rank has every row
-        share, lengths = dist.Share.of(budgets), [len(c) for c in completion_ids]
-    group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)])  # (N,) prompt of each row
-    rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
-    # 5. update the tracker: pass rates and F_t for the next allocation (eqs. 1, 4)
-    successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
-    per_prompt = [r.tolist() for r in rewards.split(budgets)]  # prompt-major; Knapsack-RL's p_hat reads them in order
-    tracker.update(prompt_idx, successes.tolist(), budgets, rewards=per_prompt)
-    # 6. group advantages on ragged groups
-    advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
-    # 7. policy update: clipped surrogate, mini-batch optimizer steps, on this rank's rows (all, in one process)
-    rows = share.rows()  # (n,) this rank's rows among the N
+    return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
+                        [run.train_set[j]["answer"] for j in prompt_idx], prompts)
+
+
+def dapo_rollouts(run: Run, step: int):
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of M prompts x G
+    rollouts, each the next M prompts of the order uniform GRPO's steps take, until M groups carry
+    signal (or the block limit). Returns the kept groups as (StepRollouts, completion ids, rewards,
+    sampler log-probs) and the DynamicBatch. Block b of the run samples with uniform's step-b seed."""
+    args, M = run.args, run.args.prompts_per_step
+    budgets = allocate.uniform_budgets(M, args.total_budget)  # G each (B_total = M * G)
+    ends = np.cumsum(budgets).tolist()
+    limit = args.max_num_gen_batches
+    if args.max_rollouts is not None:  # departure (2): no more blocks than the rollout budget has left
+        limit = min(limit, (args.max_rollouts - run.counters["rollouts"]) // args.total_budget)
+    vstats, seconds = verify.VerifyStats(), []
+
+    def next_block(b: int) -> list:
+        roll = step_prompts(run, run.counters.get("blocks", 0) + b)
+        roll.vstats = vstats
+        ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
+        lps = roll.sampler_lps[0]
+        seconds.append(roll.gen_seconds)
+        return [dynamic_sampling.Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k],
+                                                             roll.prompts[k], ids[e - B:e], lps[e - B:e]))
+                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
+
+    dyn = dynamic_sampling.dynamic_sample(next_block, M, limit)
+    run.counters["blocks"] = run.counters.get("blocks", 0) + dyn.blocks
+    kept = dyn.kept
+    roll = StepRollouts(step, [g.prompt for g in kept], [g.payload[0] for g in kept], [g.payload[1] for g in kept],
+                        [g.payload[2] for g in kept], vstats, sum(seconds))
+    return (roll, [c for g in kept for c in g.payload[3]], [r for g in kept for r in g.rewards],
+            [lp for g in kept for lp in g.payload[4]], dyn)
+
+
+def evaluate_inside(run: Run, step: int, before: int, after: int) -> None:
+    """--eval-every-rollouts points X with before < X < after, i.e. inside this step's generation (a
+    DAPO update of several blocks): the policy at X is the one before this update, which has spent
+    those rollouts but not learnt from them yet. Logged with this update's step number, so a resume
+    from the checkpoint before it drops them with the step (checkpoint.truncate_log)."""
+    E = run.args.eval_every_rollouts
+    if E:
+        for X in range((before // E + 1) * E, after, E):
+            run_eval(run, step + 1, extra={"rollouts": X, "before_update": True})
+
+
+def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows,
+          share: dist.Share, row_lengths: list[int]) -> tuple[dict, dict, dict]:
+    """Steps 6-7: group advantages on ragged groups, then the clipped surrogate's optimizer steps.
+    Returns (metrics, batch info, the advantages' group stats). An empty batch (DAPO at its block limit with no group kept)
+    makes no optimizer step: its gradient is zero, and AdamW's momentum alone would move the weights.
+    rewards and group_ids are the step's N rows (every rank's); completion_ids and lp_rows this rank's
+    own rows, share.rows() (all N in one process); row_lengths (N,) every row's completion length."""
+    args = run.args
+    if len(rewards) == 0:  # the step's N, not this rank's n: every rank skips together (no collective)
+        return {"skipped_update": True}, {"completion_length": 0.0, "completion_tokens": 0}, {}
+    advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)  # (N,)
+    rows = share.rows()  # (n,) this rank's rows among the N (all of them in one process)
     ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids[rows].tolist()], completion_ids,
                                run.tokenizer.pad_token_id)
     batch = {"input_ids": ids.to(run.device), "attention_mask": attn.to(run.device),
              "completion_mask": cmask.to(run.device), "advantages": advantages[rows].to(run.device),
-             "rows": rows, "lengths": torch.tensor(lengths)}
+             "rows": rows, "lengths": torch.tensor(row_lengths)}
     sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T); None: HF without --sampler-logps
     if sampler_logps is not None:  # vLLM's: for the gap and IS; HF generate's own: the old policy's log-probs
         hf_own = run.generator is None and args.sampler_logps
@@ -516,28 +568,90 @@ def rl_step(run: Run, step: int) -> dict:
     stop_if_nonfinite(run, step, metrics)
     if run.generator is not None:
         run.generator.sync_weights(run.model)
+    return (metrics, {"completion_length": float(np.mean(row_lengths)), "completion_tokens": int(np.sum(row_lengths))},
+            adv_stats)
+
+
+def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
+    """The log's reward and zero-signal fields over every rollout this step spent: the batch, or
+    with DAPO every generated group (dropped ones included), plus DAPO's own counts."""
+    if dyn is None:  # stats: grpo.group_advantages' over the batch
+        n_groups, zero_groups, zero_rollouts = stats["num_groups"], stats["zero_signal_groups"], stats["zero_signal_rollouts"]
+        extra = {"step_rollouts": len(rewards), "step_groups": n_groups}
+    else:
+        rewards = torch.tensor([r for g in dyn.generated for r in g.rewards], dtype=torch.float32)
+        n_groups, zero_groups, zero_rollouts = len(dyn.generated), dyn.zero_signal_groups, dyn.zero_signal_rollouts
+        extra = {"step_rollouts": dyn.rollouts, "step_groups": n_groups, "dapo_blocks": dyn.blocks,
+                 "dapo_kept_groups": len(dyn.kept), "dapo_surplus_groups": dyn.surplus_groups,
+                 "dapo_partial": dyn.partial}
+    return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "frac_reward_zero_std": zero_groups / n_groups, "zero_signal_groups": zero_groups,
+            "zero_signal_rollouts": zero_rollouts, **extra}
+
+
+def rl_step(run: Run, step: int) -> dict:
+    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
+    args, tracker = run.args, run.tracker
+    t0, before, dyn = time.time(), run.counters["rollouts"], None
+    alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
+    if args.dynamic_sampling:  # DAPO's arm (a baseline): steps 1-4 in blocks until M groups carry signal
+        roll, completion_ids, reward_list, lp_rows, dyn = dapo_rollouts(run, step)
+        p = tracker.pass_rates(roll.prompt_idx)
+        alloc = Allocation(p, tracker.seen(roll.prompt_idx), [len(g.rewards) for g in dyn.kept],
+                           coba.resolve_tau(args.tau, p) if len(p) else 0.0)
+    else:
+        # 1. sample M prompts
+        roll = step_prompts(run, step)
+        # 2. allocate budgets from the tracker: p_i of the last visits, alpha_t and beta_t (eqs. 3-9)
+        if args.probe:  # (ours, not the paper) steps 2-4 with B_low probe rollouts per prompt first
+            alloc, completion_ids, reward_list, lp_rows = probe_then_allocate(run, roll, alpha_t, beta_t)
+        else:
+            alloc = allocate_step(args, tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx),
+                                  tracker.knapsack_stats(roll.prompt_idx), alpha_t, beta_t)
+            # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
+            alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
+            share = dist.Share.of(alloc.budgets)
+            completion_ids, reward_list, row_lengths = sample_share(run, roll, share)
+            lp_rows = roll.sampler_lps[0]
+    prompt_idx, budgets, M = roll.prompt_idx, alloc.budgets, len(roll.prompt_idx)
+    if args.probe or dyn is not None:  # one process only (main refuses them under torchrun): every row is here
+        share, row_lengths = dist.Share.of(budgets), [len(c) for c in completion_ids]
+    group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)], dtype=torch.long)  # (N,) prompt of each row
+    rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
+    successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
+    # 5. update the tracker (pass rates and F_t for the next allocation, eqs. 1, 4) and MoPPS's
+    # posteriors: each group generated is a visit (with DAPO the dropped ones too, in generation order)
+    if dyn is None:  # prompt-major; Knapsack-RL's p_hat reads them in order
+        visits = (prompt_idx, successes.tolist(), budgets, [r.tolist() for r in rewards.split(budgets)])
+    else:
+        visits = ([g.prompt for g in dyn.generated], [float(sum(g.rewards)) for g in dyn.generated],
+                  [len(g.rewards) for g in dyn.generated], [list(g.rewards) for g in dyn.generated])
+    tracker.update(*visits[:3], rewards=visits[3])
+    run.sampler.record(*visits[:3])
+    run.counters["rollouts"] += dyn.rollouts if dyn is not None else len(reward_list)  # all ranks' N
+    evaluate_inside(run, step, before, run.counters["rollouts"])
+    # 6.-7. group advantages on ragged groups; clipped surrogate, mini-batch optimizer steps
+    metrics, lengths, adv_stats = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows, share,
+                                        row_lengths)
     # 8. log
-    run.counters["rollouts"] += len(reward_list)
     run.counters["seconds"] += time.time() - t0
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
-    if run.reporter is not None and args.log_completions:  # a few rows to completions.jsonl (tracking.py)
-        own = share.owned[share.rank]  # rank 0 writes: rows of its own groups (all of them in one process)
+    if run.reporter is not None and args.log_completions and completion_ids:  # a few rows to completions.jsonl
+        own, rows = share.owned[share.rank], share.rows()  # rank 0 writes: its own groups (all, in one process)
         run.reporter.log_completions(tracking.completion_rows(step + 1, [prompt_idx[i] for i in own],
-            [prompts[i] for i in own], [roll.answers_m[i] for i in own], completion_ids,
+            [roll.prompts[i] for i in own], [roll.answers_m[i] for i in own], completion_ids,
             [reward_list[r] for r in rows.tolist()], [budgets[i] for i in own], alloc.pass_rates[own],
             run.tokenizer, args.log_completions))
+    theta = getattr(run.sampler, "last_draws", None)  # MoPPS: the chosen prompts' Thompson draws
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
-        "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "frac_reward_zero_std": adv_stats["zero_signal_groups"] / adv_stats["num_groups"],
-        "zero_signal_groups": adv_stats["zero_signal_groups"],
-        "zero_signal_rollouts": adv_stats["zero_signal_rollouts"],
+        **spent_stats(dyn, rewards, adv_stats),
         "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
-        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0],
-        "completion_length": float(np.mean(lengths)), "completion_tokens": int(np.sum(lengths)), **share.record(),
+        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
+        **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
         "gen_seconds": round(roll.gen_seconds, 3),
         "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **metrics,
     }
@@ -546,20 +660,33 @@ def rl_step(run: Run, step: int) -> dict:
 def train(args) -> dict:
     """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
     dict (also the last line of the JSONL log)."""
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
     out.mkdir(parents=True, exist_ok=True)
     main_rank = dist.current().main  # under torchrun rank 0 holds the lock and settles OUTPUT_DIR for all
     with RunLock(out) if main_rank else contextlib.nullcontext(), progress_bars(not args.no_progress):
         resume_from = dist.on_rank0(prepare_run_dir, out, args)
-        if resume_from is not None and checkpoint_step(resume_from) == args.steps:
-            summary = dist.on_rank0(lambda: next((r for r in read_log(out / "log.jsonl")
-                                                  if r.get("type") == "summary"), None))
-            if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
-                print(f"{out}: the run already finished at step {args.steps}; pass a larger --steps to extend it")
-                return summary
+        summary = dist.on_rank0(finished_summary, out, resume_from, args)
+        if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
+            print(f"{out}: the run already finished at step {summary['step']}; pass a larger --steps "
+                  f"(or --max-rollouts) to extend it")
+            return summary
         return run_training(args, out, resume_from)
+
+
+def finished_summary(out: Path, resume_from: Path | None, args) -> dict | None:
+    """The summary of a run that these flags would not extend: its newest checkpoint is its last step,
+    at --steps, or with its --max-rollouts spent (DAPO's arm ends on rollouts). None otherwise."""
+    step = checkpoint_step(resume_from) if resume_from is not None else None
+    summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
+    if step is None or summary is None or summary.get("step", step) != step:
+        return None
+    spent = args.max_rollouts is not None and summary.get("rollouts", 0) >= args.max_rollouts
+    return summary if step == args.steps or spent else None
+
+
+def budget_spent(args, counters: dict) -> bool:
+    """--max-rollouts (equal rollouts across arms): no rollouts left for another update."""
+    return args.max_rollouts is not None and counters["rollouts"] >= args.max_rollouts
 
 
 def run_training(args, out: Path, resume_from: Path | None) -> dict:
@@ -570,17 +697,23 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     run, start = setup(args, out, resume_from)
     bar = tqdm(range(start, args.steps), desc=f"{args.allocator} RL", disable=args.no_progress,
                initial=start, total=args.steps)
+    done = start
     with GracefulInterrupt() as interrupt:
         for step in bar:
+            if budget_spent(args, run.counters):  # --max-rollouts: ends on rollouts, before --steps
+                break
             record = rl_step(run, step)
             run.write(record)
             bar.set_postfix(reward=f"{record['reward']:.3f}", F=f"{record['F_t']:.2f}", a=f"{record['alpha_t']:.2f}")
             done = step + 1
-            if args.eval_every and done % args.eval_every == 0 and done < args.steps:
+            finished = done == args.steps or budget_spent(args, run.counters)
+            E = args.eval_every_rollouts  # (--eval-every-rollouts replaces --eval-every: cli.check_arm_flags)
+            if not finished and ((args.eval_every and done % args.eval_every == 0)
+                                 or (E and run.counters["rollouts"] % E == 0)):
                 run_eval(run, done)
             if dist.any_rank(interrupt.requested) and not interrupt.requested:  # another rank's signal
                 interrupt.requested, interrupt.signum = True, signal.SIGTERM
-            if done % args.save_every == 0 or done == args.steps or interrupt.requested:
+            if done % args.save_every == 0 or finished or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
                                         run.tracker, run.sampler, args, run.counters)
             if interrupt.requested:  # main exits 130 (Ctrl-C) or 143 (SIGTERM): the run did not finish
@@ -589,8 +722,9 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 return {"interrupted": True, "step": done, "exit_code": interrupt.exit_code}
     # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
     evals = dist.on_rank0(lambda: [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"])
-    final = next((r for r in evals if r["step"] == args.steps), None) or run_eval(run, args.steps)
-    summary = {"type": "summary", "step": args.steps, "rollouts": run.counters["rollouts"],
+    final = (next((r for r in evals if r["step"] == done and not r.get("before_update")), None)
+             or run_eval(run, done))
+    summary = {"type": "summary", "step": done, "rollouts": run.counters["rollouts"],
                "train_seconds": round(run.counters["seconds"], 1),
                "eval_seconds": round(sum(r.get("eval_seconds", 0.0) for r in evals + [final] * (final not in evals)), 1),
                **start_end((evals or [final])[0], final, args.eval_samples)}
@@ -617,9 +751,7 @@ def eval_only(args) -> dict:
     on the eval sets, the paper's way (avg@k at T = 1.0, top-p 0.9), without training: OUTPUT_DIR/log.jsonl
     gets a config line and one eval record (eval_only: true); no optimizer, no checkpoint. For the base
     model's numbers before a run, or a finished checkpoint's after."""
-    out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --output-dir {out} is a file, not a directory")
+    out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out), progress_bars(not args.no_progress):
         prepare_run_dir(out, args)  # a directory that holds a run is refused unless --overwrite
@@ -655,7 +787,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
     if dist.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only)):
+        # One process only, for now: --probe's and DAPO's extra generation rounds are not split by a
+        # Share; MoPPS and LoRA have no torchrun test yet (MoPPS's draws are seeded and its posteriors
+        # read the gathered rewards, but untested; LoRA's random A would also need rank 0's broadcast).
+        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only),
+                         ("--dynamic-sampling", args.dynamic_sampling), ("--use-peft", args.use_peft),
+                         ("--prompt-selection mopps", args.prompt_selection == "mopps")):
             if on:
                 raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
     ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

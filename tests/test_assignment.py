@@ -69,7 +69,7 @@ def test_table_matches_the_code_and_a_stale_test_id_is_caught(monkeypatch):
     A.check_table()  # every exercise, helper and grading test of PARTS exists right now
     assert [p.number for p in A.PARTS] == [1, 2, 3, 4, 5]
     assert sum(p.points for p in A.PARTS) == 100 and all(p.points > 0 for p in A.PARTS)
-    assert A.points_table() in (A.REPO / "README.md").read_text()  # the README's parts table is current
+    assert A.points_table() in (A.REPO / "docs" / "teaching.md").read_text()  # parts table current
     names = [n for p in A.PARTS for _, n, _ in p.functions]
     assert len(names) == len(set(names))  # one function, one part
     stale = dataclasses.replace(A.PARTS[0], tests=A.PARTS[0].tests + ("tests/test_verify.py::test_gone",))
@@ -112,6 +112,8 @@ def test_handout_stubs_exactly_the_exercises(handout):
     assert "Yours to measure: see ASSIGNMENT.md, Part 5." in readme
     if "## Results" in (A.REPO / "README.md").read_text():
         assert "| uniform |" not in readme  # the compare table of the solution's README is gone
+    if (A.REPO / A.RESULTS_DOC).exists():  # the tables moved to docs/results.md: gone from the handout too
+        assert (root / A.RESULTS_DOC).read_text() == A.RESULTS_STUB
 
 
 def test_handout_text_names_contracts_commands_points_and_questions(handout):

@@ -77,9 +77,9 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
                         (["--alloc", "knapsack"], "--allocator would override .* use --arms"),
                         (["--learning-rte", "0.01"], "unrecognized arguments: --learning-rte")):
         (tmp_path / "f").write_text("x")
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exc:  # argparse's usage line + error, or one `error: ...` (paths.py)
             compare.parse_args(argv)
-        assert re.search(words, capsys.readouterr().err), words
+        assert re.search(words, capsys.readouterr().err + str(exc.value.code)), words
     # explicit values win over --quick's (they used to be replaced by 6 and 3 without a word)
     args, _ = compare.parse_args(["--quick", "--steps", "9", "--eval-every", "2"])
     assert (args.steps, args.eval_every, args.seeds) == (9, 2, [0, 1])
@@ -269,7 +269,8 @@ def test_plots_only_redraws_from_runs_jsonl_and_never_empties_results(tmp_path):
     assert len(res["runs"]) == 30 and len(res["summary"]) == 6
     rows = compare.read_jsonl(table_dir / "compare.jsonl")
     assert rows[0]["wall_seconds"] == config_before["wall_seconds"]  # the sweep's config, not the redraw's
-    assert rows[0]["train_flags"] == config_before["train_flags"] and "redrawn_by" in rows[0]
+    # the sweep's config line as it was (issue 32: no redraw argv), with the metric it is tabled on
+    assert rows[0] == {**config_before, "metric": "greedy", "metric_note": rows[0]["metric_note"]}
     table = (table_dir / "table.md").read_text()
     assert "| coba+probe |" in table and "| final greedy acc |" in table  # greedy-only runs: greedy, said so
     assert "primary metric (held-out avg@k, --eval-samples) is missing from these runs" in table

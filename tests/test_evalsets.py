@@ -167,7 +167,7 @@ def read_log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-TOY = ["--no-progress", "--eval-samples", "2"]
+TOY = ["--model", "toy", "--no-progress", "--eval-samples", "2"]
 
 
 def test_eval_only_on_the_toy_with_benchmarks(tmp_path, toy_model_dir, fake_hub, capsys):
@@ -232,10 +232,14 @@ def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
 
 
 def test_presets_evaluate_the_papers_way():
-    """avg@k is on by default: k = 8 on the toy (1,024 held-out problems every 75 steps, README's
-    cost measurement), k = 16 on real models (the paper's avg@16); --eval-samples 0 turns it off."""
+    """avg@k is on by default: k = 8 on the labs (the default toy-reason: 512 held-out problems at
+    steps 0, 50, 100; toy: 1,024 every 75 steps, README's cost measurements), k = 16 on real models
+    (the paper's avg@16); --eval-samples 0 turns it off."""
     ap = train.build_parser()
-    toy = train.resolve_args(ap.parse_args([]), ap)
+    default = train.resolve_args(ap.parse_args([]), ap)
+    assert default.model == "toy-reason" and not default.last_number_fallback
+    assert (default.eval_samples, default.eval_size, default.eval_every, default.steps) == (8, 512, 50, 100)
+    toy = train.resolve_args(ap.parse_args(["--model", "toy"]), ap)
     assert (toy.eval_samples, toy.eval_size, toy.eval_every, toy.steps) == (8, 1024, 75, 150)
     hub = train.resolve_args(ap.parse_args(["--model", "Qwen2.5-1.5B", "--eval-datasets", "paper"]), ap)
     assert hub.eval_samples == 16 and hub.eval_datasets == ["paper"]

@@ -1,9 +1,10 @@
 """The project's shape (issue 21): flat scripts in layers, no file importing one above it, and a
 train.py that reads like the paper's loop (no function over ~100 lines).
 
-Layers, bottom up: toy/verify/coba/allocate/grpo/rollout -> data, models -> checkpoint -> tracking ->
-cli, plots -> train -> compare/assignment/bench/gpu_check. A cycle (even through an import inside a
-function) means two files each need the other to be read first, which is what the split removed."""
+Layers, bottom up: paths (imports nothing of ours) -> toy/verify/coba/allocate/grpo/rollout -> data,
+models -> checkpoint -> tracking -> cli, plots -> train -> compare/assignment/bench/gpu_check. A
+cycle (even through an import inside a function) means two files each need the other to be read
+first, which is what the split removed."""
 import ast
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def test_no_file_imports_one_above_it():
     graph = {m: project_imports(p) for m, p in MODULES.items()}
     assert graph["train"] >= {"coba", "allocate", "grpo", "verify", "data", "checkpoint", "rollout"}  # parsed
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+    assert graph["paths"] == set(), "paths.py is every script's path check: it imports nothing of ours"
     for low in ("coba", "allocate", "grpo", "verify", "toy", "data", "models", "checkpoint"):
         assert "train" not in graph[low] and "compare" not in graph[low], low
 

@@ -19,7 +19,7 @@ import checkpoint
 import data
 import train
 
-SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
+SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
 
 
@@ -332,7 +332,7 @@ def test_long_prompts_are_skipped_and_counted_without_tokenising_them(tmp_path, 
     """A 5 MB question is dropped by its length in characters: the tokenizer never sees more than
     32 * L characters (natural text has ~4 a token), so memory stays bounded."""
     ap = train.build_parser()
-    args = train.resolve_args(ap.parse_args(["--max-prompt-length", "16"]), ap)
+    args = train.resolve_args(ap.parse_args(["--model", "toy", "--max-prompt-length", "16"]), ap)
     _, tokenizer, _ = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
     seen = []
 
@@ -354,7 +354,7 @@ def test_long_prompt_in_a_run_is_counted_in_the_config_line(tmp_path, toy_model_
     rows[5]["question"] = "9" * 1_000_000 + "+1="
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
-    train.main(["--dataset", str(path), "--eval-size", "4", "--prompts-per-step", "4", "--num-generations", "2",
+    train.main(["--model", "toy", "--dataset", str(path), "--eval-size", "4", "--prompts-per-step", "4", "--num-generations", "2",
                 "--max-prompt-length", "64", "--steps", "1", "--no-progress", "--output-dir", str(out)])
     config = read_log(out)[0]  # 20 rows, 4 held out, the long one dropped from whichever side it fell on
     assert config["skipped_long_prompts"] == 1 and config["train_size"] in (15, 16)

@@ -271,8 +271,8 @@ def test_train_py_with_vllm_logs_the_gap_and_applies_the_is_correction(fake_vllm
 
     # The stand-in's tokens answer nothing; reward odd-length texts so that groups have a signal.
     monkeypatch.setattr(train.verify, "rewards", lambda texts, answers, **kw: [float(len(t) % 2) for t in texts])
-    flags = ["--prompts-per-step", "4", "--num-generations", "2", "--train-size", "8", "--eval-size", "4",
-             "--eval-every", "0", "--no-progress", "--max-budget", "4", "--steps", "2", "--use-vllm"]
+    flags = ["--model", "toy", "--prompts-per-step", "4", "--num-generations", "2", "--train-size", "8",
+             "--eval-size", "4", "--eval-every", "0", "--no-progress", "--max-budget", "4", "--steps", "2", "--use-vllm"]
     logs = {}
     for name, extra in [("plain", []), ("tis", ["--vllm-importance-sampling-cap", "1.5"]),
                         ("probe", ["--probe", "--allocator", "coba"])]:

@@ -26,7 +26,7 @@ import models
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
+SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
 
 
@@ -231,7 +231,7 @@ def test_disk_full_during_a_save_is_one_line_and_leaves_no_tmp(tmp_path, toy_mod
 def test_resume_refuses_when_the_data_file_or_an_eval_file_changed(tmp_path, toy_model_dir, capsys):
     path, bench = problems_file(tmp_path / "p.jsonl"), problems_file(tmp_path / "bench.jsonl", 10, 5)
     out = tmp_path / "run"
-    args = ["--dataset", str(path), "--eval-files", str(bench), "--eval-size", "8", "--prompts-per-step", "4",
+    args = ["--model", "toy", "--dataset", str(path), "--eval-files", str(bench), "--eval-size", "8", "--prompts-per-step", "4",
             "--num-generations", "2", "--no-progress", "--save-every", "1", "--output-dir", str(out)]
     train.main(args + ["--steps", "1"])
     config = read_log(out)[0]

@@ -37,6 +37,85 @@ def test_splits_are_seeded():
     assert toy.make_splits(3, 64, 16) != toy.make_splits(4, 64, 16)
 
 
+def test_sum_problems_carry_a_worked_solution_the_verifier_reads():
+    """toy-reason's task: k = level + 2 addends; the clean solution's partial sums are right and its
+    `####` line is the answer, which verify.py reads with no last-number fallback (train.py's preset)."""
+    import random
+
+    import verify
+
+    rng = random.Random(0)
+    for level in range(len(toy.SUM_LEVELS)):
+        for _ in range(50):
+            p = toy.make_sum_problem(rng, level)
+            terms = [int(t) for t in p["question"][:-1].split("+")]
+            assert len(terms) == level + 2 and all(1 <= t <= 99 for t in terms)
+            assert int(p["answer"]) == sum(terms)
+            steps, answer = p["solution"].split("####")
+            assert answer == p["answer"] and len(steps.split(",")) == level + 1
+            for step in steps.split(","):
+                lhs, rhs = step.split("=")
+                assert eval(lhs) == int(rhs)
+            assert verify.rewards([p["solution"]], [p["answer"]], last_number_fallback=False) == [1.0]
+    # a completion that never states its answer earns nothing, even if its last number is right
+    assert verify.rewards(["26+4=30"], ["30"], last_number_fallback=False) == [0.0]
+
+
+def test_noisy_teacher_slips_and_continues_from_the_slip():
+    """Phase 2's solutions: each partial sum slips by one of SUM_NOISE_DELTAS with the given chance,
+    the next step starts from the slipped value, and the `answer` stays the true sum."""
+    import random
+
+    rng = random.Random(1)
+    slips = steps_seen = 0
+    for _ in range(400):
+        p = toy.make_sum_problem(rng, 4, noise=0.35)
+        chain, final = p["solution"].split("####")
+        prev = None
+        for step in chain.split(","):
+            lhs, rhs = step.split("=")
+            a, b = (int(x) for x in lhs.split("+", 1)) if not lhs.startswith("-") else (None, None)
+            if a is None:  # a slipped negative running value: "-3+45=42"
+                a, b = int(lhs[: lhs.index("+", 1)]), int(lhs[lhs.index("+", 1) + 1 :])
+            if prev is not None:
+                assert a == prev  # the chain continues from what was written, slip or not
+            delta = int(rhs) - (a + b)
+            assert delta == 0 or delta in toy.SUM_NOISE_DELTAS
+            slips += delta != 0
+            steps_seen += 1
+            prev = int(rhs)
+        assert int(final) == prev
+        assert int(p["answer"]) == sum(int(t) for t in p["question"][:-1].split("+"))
+    assert 0.30 < slips / steps_seen < 0.40, slips / steps_seen  # 1,600 draws of p = .35: SE .012
+
+
+def test_sum_splits_are_disjoint_seeded_and_independent_of_the_pool_size():
+    train, test = toy.make_sum_splits(0)
+    assert len(train) == 1024 and len(test) == 1024
+    assert not {p["question"] for p in train} & {p["question"] for p in test}
+    assert toy.make_sum_splits(0, 64, 1024)[1] == test  # runs with other pools evaluate on the same set
+    assert toy.make_sum_splits(0, 64, 256)[1] == test[:256]  # the test's 256 are the first 256
+    assert collections.Counter(p["level"] for p in test) == {lvl: 1024 // 5 + (lvl < 1024 % 5) for lvl in range(5)}
+
+
+def test_each_lab_trains_on_its_own_task():
+    """--model toy-reason (or a checkpoint trained from it) loads the sums task; toy keeps arithmetic."""
+    import argparse
+
+    import data
+
+    def loaded(model):
+        args = argparse.Namespace(dataset="toy", model=model, train_size=16, eval_size=8, eval_files=[],
+                                  prompts_per_step=4)
+        train, evals = data.load_data(args)
+        return train[0]["question"], evals["heldout"]
+
+    q, held = loaded("toy-reason")
+    assert held == toy.make_sum_splits(0, 16, 8)[1] and q.count("+") >= 1 and "*" not in q
+    assert loaded("toy")[1] == toy.make_splits(0, 16, 8)[1]
+    assert toy.lab_name("toy-reason") == "toy-reason" and toy.lab_name("Qwen2.5-1.5B") is None
+
+
 def test_tokenizer_round_trip():
     tok = toy.build_tokenizer()
     assert len(tok) == 17
@@ -101,6 +180,8 @@ def test_unknown_or_missing_toy_model_is_one_line(tmp_path, monkeypatch):
 # - greedy: an answer flips only at an argmax near-tie. Perturbing every committed weight by a
 #   relative 1e-4 (about 1,000x float32's epsilon, far more than a change of processor) changed 0
 #   of 256 greedy answers of either model (and 0 resp. 3 of 2,048 samples); we allow GREEDY_FLIPS.
+#   toy-reason (issue 30; ~32-token completions, so more positions at which to flip): the same
+#   perturbation changed 0 of 256 greedy answers and 0 of 2,048 samples.
 # - avg@8, pass@8: HF sampling draws from the global torch RNG for every row of a batch until all
 #   rows end, so one flipped token that ends a batch earlier or later shifts every later draw: the
 #   rest is then a fresh sample. We allow 3 standard errors of the difference of two independent
@@ -127,7 +208,7 @@ def test_start_accuracies_are_the_recorded_ones(name):
     args = train.resolve_args(ap.parse_args(["--model", name, "--eval-samples", "8", "--no-progress"]), ap)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    _, test = toy.make_splits(0)
+    _, test = toy.task_splits(toy.task_of(name), 0, n_test=256)
     assert len(test) == 256
     torch.manual_seed(0)
     with torch.no_grad():

@@ -16,7 +16,7 @@ import data
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
+SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
 
 

@@ -7,7 +7,7 @@ against a stand-in (including the GPU's sleep mode); this module checks what onl
 that rows really belong to their prompts, that seeds fix the rows, that a weight push changes what
 is sampled and that the sampler's log-probs then match the NEW trainer weights (the stale tied
 output layer on CPU, rollout._repack_cpu_lm_head), and that a 30-step train.py --use-vllm run keeps
-vllm_logp_gap flat. One engine serves the whole module (construction costs ~7-13 s).
+vllm_logp_gap flat; with --use-peft (lora.engine_weights: W + s * B A pushed), the same. One engine serves the whole module (construction costs ~7-13 s).
 
 No test compares against machine-specific floats: log-prob gaps are compared with each other or
 with bounds that hold by a wide margin (bf16 vs fp32 noise on the toy is ~0.007 nats a token).
@@ -153,7 +153,7 @@ def test_train_py_use_vllm_30_steps_keeps_the_logp_gap_flat(engine, tmp_path, mo
     # own weights before its first rollout.
     monkeypatch.setattr(train, "VLLMGenerator", lambda args, path: engine)
     engine.sync_weights(None)
-    train.main(["--use-vllm", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
+    train.main(["--model", "toy", "--use-vllm", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
                 "--train-size", "256", "--eval-size", "16", "--eval-every", "0", "--save-every", "1000",
                 "--no-progress", "--output-dir", str(tmp_path)])
     lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -162,3 +162,52 @@ def test_train_py_use_vllm_30_steps_keeps_the_logp_gap_flat(engine, tmp_path, mo
     assert len(gaps) == 30 and all(0 < g < GAP_BOUND for g in gaps), gaps
     first, last = sum(gaps[:10]) / 10, sum(gaps[-10:]) / 10
     assert last < 2 * first, (first, last)  # flat, not growing step by step (stale head: > 0.02 from step 8)
+
+
+def with_adapter(model, scale=0.3, seed=0):
+    """--use-peft's policy: the toy wrapped with LoRA (r = 16, all linear layers), every B random, so
+    W + s * B A is far from W; dropout off, as the sampler's policy."""
+    import lora
+
+    args = types.SimpleNamespace(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_target_modules=["all-linear"],
+                                 gradient_checkpointing=False)
+    policy = lora.wrap(copy.deepcopy(model), args)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return policy.eval()
+
+
+def test_use_peft_push_samples_from_w_plus_delta_and_leaves_the_base(engine, toy):
+    """lora.engine_weights through the real engine: the sampler's log-probs match the LoRA policy's
+    (bf16 noise), not the base's, and the trainer's base weights are untouched by the push."""
+    model, tokenizer = toy
+    policy = with_adapter(model)
+    base_before = {n: p.detach().clone() for n, p in policy.named_parameters() if ".lora_" not in n}
+    budgets = [4, 4, 4, 4]
+    rows, lps, row_prompts = sample(engine, policy, tokenizer, budgets, seed=3)
+    to_policy = gap(policy, tokenizer, row_prompts, rows, lps)
+    to_base = gap(model, tokenizer, row_prompts, rows, lps)
+    print(f"--use-peft push: gap to the LoRA policy {to_policy:.4f}, to the base {to_base:.4f}")
+    assert to_policy < 0.05 and to_base > 10 * to_policy, (to_policy, to_base)
+    assert all(torch.equal(p, base_before[n]) for n, p in policy.named_parameters() if ".lora_" not in n)
+    sample(engine, model, tokenizer, budgets, seed=3)  # leave the engine with the base's weights
+
+
+def test_train_py_use_vllm_use_peft_30_steps_keeps_the_logp_gap_flat(engine, tmp_path, monkeypatch):
+    """The same bound as without LoRA: the engine's log-prob gap stays at bf16 noise over 30 steps."""
+    import train
+
+    monkeypatch.setattr(train, "VLLMGenerator", lambda args, path: engine)
+    engine.sync_weights(None)
+    train.main(["--model", "toy", "--use-vllm", "--use-peft", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
+                "--train-size", "256", "--eval-size", "16", "--eval-every", "0", "--save-every", "1000",
+                "--no-progress", "--output-dir", str(tmp_path)])
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    gaps = [r["vllm_logp_gap"] for r in lines if r["type"] == "train"]
+    print("--use-peft vllm_logp_gap per step:", " ".join(f"{g:.4f}" for g in gaps))
+    assert lines[0]["use_peft"] and len(gaps) == 30 and all(0 < g < GAP_BOUND for g in gaps), gaps
+    first, last = sum(gaps[:10]) / 10, sum(gaps[-10:]) / 10
+    assert last < 2 * first, (first, last)

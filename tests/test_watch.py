@@ -18,7 +18,7 @@ import train
 import verify
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "16", "--eval-size", "16",
+SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "16", "--eval-size", "16",
          "--eval-every", "2", "--eval-samples", "2", "--no-progress", "--max-budget", "12"]
 
 

@@ -1,0 +1,345 @@
+"""The comparison arms of issue 36 (docs/arms.md): DAPO's dynamic sampling, MoPPS's prompt selection,
+mopps+coba, equal rollouts, and adding arms to an existing sweep.
+
+  - DAPO's refill on a hand-worked example (scripted rewards): groups kept, surplus dropped, rollouts
+    counted, the partial batch at the block limit; then its wiring in train.py on known rollouts;
+  - MoPPS's posterior update and Thompson selection against hand-computed values with fixed draws;
+    its wiring (the posterior gets the same visits as CoBA's tracker); mopps+coba's allocator inputs;
+  - equal rollouts: a DAPO run ends at the same rollouts as uniform, evaluated at the same counts;
+  - compare.py adds arms to a sweep whose runs/ is gone (a fresh checkout) without retraining the others.
+Run: python -m pytest -q tests/test_arms_dapo_mopps.py   (~1 min on one core)
+"""
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import checkpoint
+import coba
+import compare
+import data
+import dynamic_sampling
+import train
+from dynamic_sampling import Group
+from test_arms import check_arm, run_arm
+from test_step import is_correct
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# DAPO: the refill, by hand
+# ----------------------------------------------------------------------------------------------
+# M = 3 prompts a block, G = 4 rollouts each. Block 0: prompt 10 all right, 11 mixed, 12 all wrong;
+# block 1: 13, 14, 15 all mixed; block 2 (never reached): 16, 17, 18.
+BLOCKS = [[(10, [1, 1, 1, 1]), (11, [0, 1, 0, 0]), (12, [0, 0, 0, 0])],
+          [(13, [1, 0, 1, 1]), (14, [0, 0, 1, 0]), (15, [1, 1, 0, 1])],
+          [(16, [0, 1, 1, 1]), (17, [1, 0, 0, 0]), (18, [0, 1, 0, 1])]]
+
+
+def scripted(calls: list):
+    def next_block(b):
+        calls.append(b)
+        return [Group(j, [float(r) for r in rs]) for j, rs in BLOCKS[b]]
+    return next_block
+
+
+def test_dapo_refill_by_hand():
+    calls = []
+    out = dynamic_sampling.dynamic_sample(scripted(calls), M=3, max_blocks=10)
+    # block 0 keeps 11 (10 and 12 have std 0); block 1 has 13, 14, 15 with signal: 1 + 3 = 4 >= 3, stop.
+    # The batch is the first 3 in generation order (11, 13, 14); 15 is surplus, dropped (verl: batch[:M*G]).
+    assert calls == [0, 1]
+    assert [g.prompt for g in out.kept] == [11, 13, 14] and out.surplus_groups == 1 and not out.partial
+    # every generated rollout is spent: 2 blocks x 3 prompts x 4 = 24, the dropped 10, 12, 15 included
+    assert out.blocks == 2 and out.rollouts == 24
+    assert [g.prompt for g in out.generated] == [10, 11, 12, 13, 14, 15]
+    assert (out.zero_signal_groups, out.zero_signal_rollouts) == (2, 8)  # 10 and 12
+
+
+def test_dapo_partial_batch_at_the_block_limit():
+    """verl raises at max_num_gen_batches; we update on what was kept (departure 1)."""
+    calls = []
+    out = dynamic_sampling.dynamic_sample(scripted(calls), M=3, max_blocks=1)
+    assert calls == [0] and [g.prompt for g in out.kept] == [11] and out.partial
+    assert out.blocks == 1 and out.rollouts == 12 and out.surplus_groups == 0
+
+
+def test_has_signal_is_verls_std_rule():
+    assert not dynamic_sampling.has_signal([0.0, 0.0, 0.0]) and not dynamic_sampling.has_signal([1.0, 1.0])
+    assert dynamic_sampling.has_signal([0.0, 1.0]) and dynamic_sampling.has_signal([1.0])  # one rollout: verl keeps it
+    with pytest.raises(ValueError, match="max_blocks >= 1"):
+        dynamic_sampling.dynamic_sample(scripted([]), M=3, max_blocks=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# DAPO in train.py, on known rollouts (test_step.FixedRollouts: prompt j's rows are all wrong for
+# j % 4 == 0, all right for 1, mixed for 2 and 3)
+# ----------------------------------------------------------------------------------------------
+def expected_dapo(seed: int, n: int, M: int, G: int, max_blocks: int, max_rollouts: int):
+    """Per update: (blocks of prompts, kept prompts, partial), drawing blocks from the seed's order."""
+    sampler, updates, spent = data.PromptSampler(n, seed), [], 0
+    while spent < max_rollouts:
+        limit = min(max_blocks, (max_rollouts - spent) // (M * G))
+        blocks, signal = [], []
+        while len(signal) < M and len(blocks) < limit:
+            blocks.append(sampler.next(M))
+            signal += [j for j in blocks[-1] if j % 4 in (2, 3)]
+        spent += len(blocks) * M * G
+        updates.append((blocks, signal[:M], len(signal) < M))
+    return updates
+
+
+@pytest.mark.parametrize("max_blocks", [10, 1], ids=["refill", "block-limit"])
+def test_dapo_wiring_in_train(tmp_path, toy_model_dir, monkeypatch, max_blocks):
+    M, G, R = 4, 4, 7 * 16  # 7 blocks' worth of rollouts (an odd number: the last update is cut by the budget)
+    rec = run_arm(tmp_path, monkeypatch, ["--allocator", "uniform", "--dynamic-sampling", "--prompts-per-step", "4",
+                                          "--steps", "20", "--max-rollouts", str(R), "--eval-every-rollouts", "16",
+                                          "--max-num-gen-batches", str(max_blocks)])
+    want = expected_dapo(0, 8, M, G, max_blocks, R)
+    assert len(rec["steps"]) == len(want) < 20  # the run ends on rollouts, before --steps
+    assert rec["allocate"] == []  # DAPO's arm calls no allocator: G each
+    gen = iter(rec["gen"])
+    spent, visits = 0, iter(rec["update"])
+    for r, (blocks, kept, partial) in zip(rec["steps"], want):
+        for block in blocks:  # one generation call per block, G rollouts for each of its M prompts
+            assert next(gen) == [G] * M
+        spent += len(blocks) * M * G
+        assert r["dapo_blocks"] == len(blocks) and r["prompt_idx"] == kept and r["dapo_partial"] == partial
+        assert r["budgets"] == [G] * len(kept) and r["rollouts"] == spent and r["step_rollouts"] == len(blocks) * M * G
+        # every group generated is a visit of the tracker, kept or dropped, in generation order
+        up = next(visits)
+        assert up["ids"] == [j for b in blocks for j in b] and up["totals"] == [G] * (M * len(blocks))
+        assert up["successes"] == [float(sum(is_correct(j, k) for k in range(G))) for b in blocks for j in b]
+        # the spent rollouts' zero-signal groups: j % 4 in (0, 1)
+        assert r["zero_signal_groups"] == sum(j % 4 in (0, 1) for b in blocks for j in b)
+    assert next(gen, None) is None and spent == R
+    # evaluations at every 16 rollouts, the ones inside an update of the policy before it
+    log = checkpoint.read_log(tmp_path / "log.jsonl")
+    evals = [r for r in log if r["type"] == "eval"]
+    assert [e["rollouts"] for e in evals] == list(range(0, R + 1, 16))
+    ends = {r["rollouts"] for r in rec["steps"]}
+    assert all(e.get("before_update", False) == (e["rollouts"] not in ends and e["rollouts"] > 0) for e in evals)
+    summary = log[-1]
+    assert summary["type"] == "summary" and summary["step"] == len(want) and summary["rollouts"] == R
+    if max_blocks == 1:
+        assert any(p for _, _, p in want), "fixture must hit the block limit"
+
+
+def test_dapo_finished_run_is_recognised_on_resume(tmp_path, toy_model_dir, monkeypatch):
+    """A run that ended on --max-rollouts before --steps is finished: --resume adds nothing."""
+    flags = ["--allocator", "uniform", "--dynamic-sampling", "--prompts-per-step", "4", "--steps", "20",
+             "--max-rollouts", "48", "--eval-every-rollouts", "16"]
+    run_arm(tmp_path, monkeypatch, flags)
+    before = (tmp_path / "log.jsonl").read_text()
+    from test_step import BASE
+    summary = train.main(BASE + ["--num-mini-batches", "1"] + flags + ["--output-dir", str(tmp_path), "--resume"])
+    assert (tmp_path / "log.jsonl").read_text() == before and summary["rollouts"] == 48
+
+
+# ----------------------------------------------------------------------------------------------
+# MoPPS: posterior and selection, by hand
+# ----------------------------------------------------------------------------------------------
+def test_mopps_posterior_update_by_hand():
+    # Beta(1, 1), 3 of 4 right, lambda = 1: (1 + 3, 1 + 1) = (4, 2)
+    assert data.mopps_update(1.0, 1.0, 3, 4) == (4.0, 2.0)
+    # then 1 of 4 right with lambda = 0.5: alpha = 0.5*4 + 0.5*1 + 1 = 3.5, beta = 0.5*2 + 0.5*1 + 3 = 4.5
+    assert data.mopps_update(4.0, 2.0, 1, 4, decay=0.5) == (3.5, 4.5)
+    # lambda = 0 forgets everything but the last visit: Beta(1 + s, 1 + n - s)
+    assert data.mopps_update(40.0, 7.0, 2, 8, decay=0.0) == (3.0, 7.0)
+
+
+def test_mopps_selection_by_hand():
+    # |theta - 0.5|: .4, .05, .3, .05, 0, .45 -> nearest first: 4, then the tie 1 and 3 (earlier first)
+    assert data.mopps_select([0.9, 0.45, 0.2, 0.55, 0.5, 0.05], 3) == [4, 1, 3]
+
+
+class FixedDraws:
+    """Stands in for numpy's Generator: theta from a list, and the Beta parameters it was asked for."""
+
+    def __init__(self, thetas, asked):
+        self.thetas, self.asked = thetas, asked
+
+    def beta(self, a, b):
+        self.asked.append((list(a), list(b)))
+        return np.array(self.thetas.pop(0))
+
+
+def test_mopps_sampler_draws_from_the_posterior_and_keeps_the_nearest(monkeypatch):
+    asked = []
+    thetas = [[0.9, 0.45, 0.2, 0.55], [0.1, 0.5, 0.3, 0.8]]
+    monkeypatch.setattr(data.np.random, "default_rng", lambda seed: FixedDraws(thetas, asked))
+    s = data.MoPPSSampler(8, seed=3, ratio=2, decay=1.0)
+    order = data.PromptSampler(8, seed=3)
+    cands = order.next(4)  # ratio x M = 4 candidates: the seed's epoch order
+    assert s.next(2) == [cands[1], cands[3]]  # theta .45 and .55: nearest 0.5 (tie: earlier first)
+    assert asked[0] == ([1.0] * 4, [1.0] * 4)  # unseen prompts: Beta(1, 1)
+    assert s.last_draws == [0.45, 0.55]
+    s.record([cands[1], cands[3]], [3, 0], [4, 4])  # -> Beta(4, 2) and Beta(1, 5)
+    cands2 = order.next(4)
+    s.posterior[cands2[0]] = (2.0, 9.0)  # as if seen before
+    assert s.next(2) == [cands2[1], cands2[2]]
+    assert asked[1] == ([2.0, 1.0, 1.0, 1.0], [9.0, 1.0, 1.0, 1.0])
+    assert s.posterior[cands[1]] == (4.0, 2.0) and s.posterior[cands[3]] == (1.0, 5.0)
+    # a checkpoint round trip keeps the order, the draw count and the posteriors
+    t = data.MoPPSSampler(8, seed=3, ratio=2)
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert (t.posterior, t.draws, t.order.state_dict()) == (s.posterior, s.draws, s.order.state_dict())
+
+
+def test_mopps_wiring_posterior_gets_the_trackers_visits(tmp_path, toy_model_dir, monkeypatch):
+    """mopps+coba: MoPPS picks the prompts (ratio x M candidates), CoBA's allocator splits the budget
+    among them (check_arm: its inputs); MoPPS's posterior records exactly the tracker's visits."""
+    recorded = []
+    real = data.MoPPSSampler.record
+
+    def record(self, ids, successes, totals):
+        recorded.append(([int(i) for i in ids], [float(x) for x in successes], [int(n) for n in totals]))
+        return real(self, ids, successes, totals)
+
+    monkeypatch.setattr(data.MoPPSSampler, "record", record)
+    rec = run_arm(tmp_path, monkeypatch, ["--allocator", "coba", "--prompt-selection", "mopps", "--mopps-ratio", "2",
+                                          "--prompts-per-step", "4", "--steps", "4"])
+    check_arm(rec)
+    assert recorded == [(u["ids"], u["successes"], u["totals"]) for u in rec["update"]]
+    # the posterior after the run: Beta(1 + right, 1 + wrong) summed over each prompt's visits (lambda = 1)
+    state = __import__("torch").load(tmp_path / "checkpoint-4" / "trainer_state.pt", weights_only=False)
+    want = {}
+    for u in rec["update"]:
+        for j, s, n in zip(u["ids"], u["successes"], u["totals"]):
+            a, b = want.get(j, (1.0, 1.0))
+            want[j] = (a + s, b + n - s)
+    assert {int(j): tuple(v) for j, v in state["sampler"]["posterior"].items()} == want
+    assert all(len(r["mopps_theta"]) == 4 for r in rec["steps"])
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------------------
+def test_help_shows_the_arms():
+    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    for flag in ("--dynamic-sampling", "--max-num-gen-batches", "--prompt-selection", "{sampler,mopps}",
+                 "--mopps-ratio", "--mopps-decay", "--max-rollouts", "--eval-every-rollouts"):
+        assert flag in out, flag
+    out = subprocess.run([sys.executable, "compare.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "dapo" in out and "mopps" in out and "mopps+coba" in out
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--dynamic-sampling", "--allocator", "coba"], "--dynamic-sampling is DAPO's arm"),
+    (["--max-rollouts", "100"], "--max-rollouts 100 is not a multiple of B_total = 256"),
+    (["--eval-every-rollouts", "300"], "--eval-every-rollouts 300 is not a multiple"),
+    (["--mopps-decay", "1.5"], "--mopps-decay must be in [0, 1]"),
+    (["--max-num-gen-batches", "0"], "--max-num-gen-batches must be in"),
+])
+def test_bad_arm_flags_are_one_line_errors(flags, words, capsys):
+    with pytest.raises(SystemExit):
+        ap = train.build_parser()
+        train.resolve_args(ap.parse_args(flags), ap)
+    assert words in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_mopps_candidates_must_fit_the_pool(tmp_path, toy_model_dir):
+    with pytest.raises(SystemExit, match="--mopps-ratio 8 x --prompts-per-step 8 = 64 candidates .* 32 training"):
+        train.main(["--model", "toy", "--prompt-selection", "mopps", "--train-size", "32", "--prompts-per-step", "8", "--steps", "1",
+                    "--no-progress", "--output-dir", str(tmp_path)])
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end on the toy model: every new arm, a few steps, the same rollouts and evaluation points
+# ----------------------------------------------------------------------------------------------
+TINY = ["--model", "toy", "--train-size", "32", "--prompts-per-step", "8", "--num-generations", "4",
+        "--eval-size", "16", "--eval-samples", "2", "--steps", "3", "--save-every", "100", "--no-progress",
+        "--mopps-ratio", "2"]
+
+
+def test_each_new_arm_trains_end_to_end(tmp_path, toy_model_dir):
+    ends = {}
+    for arm in ("uniform", "dapo", "mopps", "mopps+coba"):
+        argv = compare.train_argv(arm, 0, [*TINY, "--eval-every", "1"])
+        summary = train.main([*argv, "--output-dir", str(tmp_path / arm)])
+        log = checkpoint.read_log(tmp_path / arm / "log.jsonl")
+        ends[arm] = ([r["rollouts"] for r in log if r["type"] == "eval"], summary["rollouts"],
+                     sum(r["type"] == "train" for r in log))
+    # equal rollouts: 3 x 32 each, evaluated at 0, 32, 64, 96; DAPO in at most 3 updates
+    assert all(e[:2] == ([0, 32, 64, 96], 96) for e in ends.values()), ends
+    assert ends["uniform"][2] == ends["mopps"][2] == ends["mopps+coba"][2] == 3 and 1 <= ends["dapo"][2] <= 3
+
+
+# ----------------------------------------------------------------------------------------------
+# compare.py: adding arms to an existing sweep (the brief's command), with a trainer that takes no time
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def fast_train(tmp_path, monkeypatch):
+    """compare.py with test_compare's fake trainer (real flag checks: expected_config is train.py's)."""
+    from test_compare import FAKE_TRAIN, plain_read_log
+
+    path = tmp_path / "fake_train.py"
+    path.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(compare, "TRAIN", [sys.executable, str(path)])
+    monkeypatch.setattr(compare, "read_log", plain_read_log)
+    monkeypatch.setattr(compare, "prepare_model", lambda args: None)
+    monkeypatch.setattr(compare, "mismatched_runs", lambda jobs, out, extra: {})  # no runs/ here to check
+    return path
+
+
+def test_arms_are_added_to_a_committed_sweep_without_retraining(tmp_path, fast_train):
+    """results/headline-toy-strong as committed (runs.jsonl, compare.jsonl, table.md; no runs/): adding
+    dapo, mopps and mopps+coba trains those 15 runs only; uniform and coba are reused from runs.jsonl
+    and the other four arms stay in the table."""
+    table_dir = tmp_path / "headline-toy-strong"
+    table_dir.mkdir()
+    for name in ("runs.jsonl", "compare.jsonl", "table.md"):
+        shutil.copy(ROOT / "results" / "headline-toy-strong" / name, table_dir / name)
+    before = {(r["arm"], r["seed"]): r for r in compare.read_jsonl(table_dir / "runs.jsonl")}
+    argv = ["--preset", "headline", "--arms", "uniform", "coba", "dapo", "mopps", "mopps+coba", "--model", "toy-strong",
+            "--out", str(tmp_path), "--steps", "4", "--eval-every", "2"]
+    # another --steps than the committed sweep's 100: uniform's and coba's stored runs do not match
+    with pytest.raises(SystemExit, match=r"10 runs .* other train.py flags .*--steps 100 -> 4"):
+        compare.main(argv)
+    assert not (tmp_path / "model-toy-strong").exists()  # nothing ran
+    res = compare.main(argv[:-4] + ["--jobs", "4"])  # the committed sweep's own --steps and --eval-every
+    ran = {p.parent.name for p in (tmp_path / "model-toy-strong" / "runs").glob("*/calls.txt")}
+    assert ran == {f"{a}-seed{s}" for a in ("dapo", "mopps", "mopps+coba") for s in range(5)}
+    dapo_call = (tmp_path / "model-toy-strong" / "runs" / "dapo-seed0" / "calls.txt").read_text()
+    assert "--max-rollouts 25600 --eval-every-rollouts 6400" in dapo_call  # 100 and 25 steps x 32 x 8
+    assert "--max-rollouts" not in (tmp_path / "model-toy-strong" / "runs" / "mopps-seed0" / "calls.txt").read_text()
+    arms = {r["arm"] for r in res["runs"]}
+    assert arms == {"uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe",
+                    "dapo", "mopps", "mopps+coba"} and len(res["runs"]) == 45
+    after = {(r["arm"], r["seed"]): r for r in compare.read_jsonl(table_dir / "runs.jsonl")}
+    for key, r in before.items():  # reused as they were (uniform and coba now also record their flags)
+        assert {k: v for k, v in after[key].items() if k != "train_argv"} == r
+    table = (table_dir / "table.md").read_text()
+    assert "| dapo |" in table and "| knapsack+probe |" in table
+    assert "Prompt order: mopps, mopps+coba choose their own prompts" in table
+    # a second call finds everything finished and trains nothing
+    calls = {p: p.read_text() for p in (tmp_path / "model-toy-strong" / "runs").glob("*/calls.txt")}
+    compare.main(argv[:-4])
+    assert {p: p.read_text() for p in (tmp_path / "model-toy-strong" / "runs").glob("*/calls.txt")} == calls
+
+
+def test_table_counts_updates_where_arms_differ():
+    """DAPO's arm makes fewer updates for the same rollouts: a column, and a footer line."""
+    def run(arm, seed, updates, blocks):
+        return {"arm": arm, "seed": seed, "final_acc": 0.5, "auc": 0.5, "rollouts": [0.0, 64.0], "acc": [0.4, 0.5],
+                "zero_signal_group_share": 0.1, "zero_signal_rollout_share": 0.1, "train_seconds": 1.0,
+                "prompts_at_min_budget": 1.0, "updates": updates, "blocks": blocks, "total_rollouts": 64}
+    runs = [run("uniform", s, 2, 2) for s in (0, 1)] + [run("dapo", 0, 1, 2), run("dapo", 1, 2, 2)]
+    summary, diffs = compare.compare_arms(runs)
+    table = compare.markdown_table(summary, diffs, "avg@8", footer=compare.arm_notes(summary))
+    lines = table.splitlines()
+    assert lines[0].endswith("updates (same rollouts) |") and lines[2].endswith("| 2.0 |")
+    assert lines[3].endswith("| 1.5 |")  # dapo: (1 + 2) / 2 updates
+    # 2 blocks a run / 1.5 updates = 1.33 blocks per update
+    assert "dapo ends at the same total rollouts (64) after 1.5 updates, 1.33 blocks" in table
+    same = compare.markdown_table(*compare.compare_arms([run("uniform", 0, 2, 2), run("coba", 0, 2, 2)]), "avg@8")
+    assert "updates" not in same  # equal steps: no column (the committed tables redraw unchanged)
