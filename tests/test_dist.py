@@ -86,6 +86,21 @@ def test_balanced_partition_keeps_groups_whole_and_loads_within_one_group():
         assert sum(loads) == sum(budgets) and spread <= max(budgets)  # at most one group apart
 
 
+@pytest.mark.parametrize("name, flags", [("--probe", []), ("--dynamic-sampling", ["--allocator", "uniform"]),
+                                         ("--prompt-selection mopps", []), ("--use-peft", [])])
+def test_one_process_flags_are_refused_under_torchrun(name, flags, monkeypatch, tmp_path):
+    """What a Share does not split (yet) stops with one line before any process group or file."""
+    import train
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(dist, "init", lambda *a, **k: pytest.fail("a process group was started"))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        train.main(BASE + ["--steps", "1", "--output-dir", str(out), *name.split(), *flags])
+    assert str(e.value).startswith(f"error: {name} runs in one process") and not out.exists()
+
+
 def test_share_rows_and_local_rows():
     share = dist.Share([3, 1, 2], [[0], [1, 2]], rank=1)  # rows: group 0 = 0-2, group 1 = 3, group 2 = 4-5
     assert share.local_budgets() == [0, 1, 2]
