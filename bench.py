@@ -36,6 +36,12 @@ rollouts/s and completion tokens/s of each, and their ratio. Needs vLLM (on CPU:
 
 Results: README "The vLLM path".
 
+    python bench.py dist [--nproc 1 2] [--steps 8] [--repeats 3]
+
+`dist`: rollouts/s of train.py's toy step (all of it: generate, reward, gather, update with the gradient
+all-reduce) under `torchrun --nproc_per_node 1` and `2`, runs interleaved, with the speed-up and the
+scaling efficiency (speed-up / processes). Results: docs/distributed.md.
+
 Layout: one function per subcommand, the subcommand table in `main`. Measurements, not tests:
 nothing here asserts a speed.
 """
@@ -415,6 +421,54 @@ def bench_generate(args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# dist: the toy step at 1 and 2 (or more) processes under torchrun (dist.py, issue 35)
+# ----------------------------------------------------------------------------------------------
+def dist_run(nproc: int, opts, out: str) -> list[float]:
+    """One `torchrun --nproc_per_node nproc train.py` of the toy; its steps' wall seconds after warm-up
+    (rank 0's step_seconds: a step ends on rank 0 only once every rank's gradient has arrived)."""
+    import json
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           os.path.join(REPO, "train.py"), "--steps", str(opts.steps + opts.warmup), "--output-dir", out,
+           "--overwrite", "--no-progress", "--threads", "1", "--eval-size", "8", "--eval-samples", "0",
+           "--eval-every", "0", "--save-every", str(10 ** 6), "--prompts-per-step", str(opts.M),
+           "--num-generations", str(opts.G)]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    with open(os.path.join(out, "log.jsonl")) as f:
+        steps = [r for r in map(json.loads, f) if r.get("type") == "train"]
+    return [r["step_seconds"] for r in steps[opts.warmup:]]
+
+
+def bench_dist(opts) -> dict:
+    """Rollouts/s of train.py's toy step (generate, reward, gather, GRPO update with the gradient
+    all-reduce) with 1 and N processes, interleaved (1, N, 1, N, ...) so the machine's load hits both
+    alike; each figure is the median step time over every timed step of every repeat. The global
+    batch is the same at every N (M x G rollouts a step): strong scaling, efficiency = speed-up / N."""
+    import tempfile
+
+    print(f"{machine()} (1-min; before), load averages {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    times: dict[int, list[float]] = {n: [] for n in opts.nproc}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(opts.repeats):
+            for n in opts.nproc:
+                times[n] += dist_run(n, opts, os.path.join(tmp, f"n{n}"))
+    N = opts.M * opts.G
+    base = N / statistics.median(times[opts.nproc[0]])
+    print(f"toy step, M = {opts.M} prompts x G = {opts.G} rollouts = {N} a step, 1 thread per process; "
+          f"{opts.repeats} runs x {opts.steps} timed steps per row (after {opts.warmup} warm-up)")
+    print(f"{'processes':>9} | {'median step s':>13} | {'rollouts/s':>10} | {'speed-up':>8} | {'efficiency':>10}")
+    result = {}
+    for n in opts.nproc:
+        rate = N / statistics.median(times[n])
+        result[n] = rate
+        print(f"{n:>9} | {statistics.median(times[n]):>13.3f} | {rate:>10.1f} | {rate / base:>7.2f}x | "
+              f"{rate / base / n * opts.nproc[0]:>9.0%}")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (after)")
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -445,6 +499,15 @@ def main(argv=None):
     g.add_argument("--repeats", type=int, default=3, help="timed calls per backend (median)")
     g.add_argument("--threads", type=int, default=1, help="torch threads of HF generate")
     g.set_defaults(func=bench_generate)
+    d = sub.add_parser("dist", help="rollouts/s of the toy step at 1 and 2 processes under torchrun",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="process counts, first = baseline")
+    d.add_argument("-M", type=int, default=32, help="prompts a step (the toy's default)")
+    d.add_argument("-G", type=int, default=8, help="rollouts per prompt (the toy's default)")
+    d.add_argument("--steps", type=int, default=8, help="timed steps per run")
+    d.add_argument("--warmup", type=int, default=2, help="untimed first steps per run")
+    d.add_argument("--repeats", type=int, default=3, help="runs per process count, interleaved")
+    d.set_defaults(func=bench_dist)
     opts = ap.parse_args(argv)
     for key in ("M", "G", "T", "repeats", "threads", "steps"):
         value = getattr(opts, key, None)

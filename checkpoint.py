@@ -37,6 +37,7 @@ import torch
 from safetensors import SafetensorError
 
 import data
+import dist
 import lora
 import models
 
@@ -186,6 +187,15 @@ def save_failed(out: Path, step: int, error: Exception, size: int, kept: Path | 
 
 def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
                     args, counters: dict) -> Path:
+    """write_checkpoint on rank 0 with every rank's RNG state (under torchrun: the weights and optimizer
+    are the same on every rank, the RNG is not); all ranks call it and get the path, or its error."""
+    rank_rngs = dist.gather_object(rng_state())  # a collective: every rank, before anything can fail
+    return dist.on_rank0(write_checkpoint, out, step, model, tokenizer, optimizer, scheduler, tracker, sampler,
+                         args, counters, rank_rngs)
+
+
+def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
+                     args, counters: dict, rank_rngs: list[dict] | None = None) -> Path:
     """Write OUTPUT_DIR/checkpoint-<step> so that a crash at any instant leaves a complete checkpoint:
       0. make room: delete our directories but the newest complete checkpoint (older checkpoints, a
          crashed save's .tmp), marker first (a half-deleted one is not complete);
@@ -216,9 +226,10 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler
         _save_step_done("tokenizer")
         (tmp / "run_config.json").write_text(json.dumps(run_config(args)))  # read by --resume's checks
         _save_step_done("run_config")
+        rank_rngs = rank_rngs or [rng_state()]  # "rng": rank 0's, as checkpoints of one process always had
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state(),
-                    "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
+                    "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rank_rngs[0],
+                    "rank_rngs": rank_rngs, "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
         _save_step_done("trainer_state")
         files = {}
         for f in sorted(tmp.rglob("*")):
@@ -259,6 +270,11 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -
 
     state = read("trainer_state.pt", lambda: torch.load(path / "trainer_state.pt", weights_only=False,
                                                         map_location="cpu"))
+    ranks, saved_by = dist.current(), len(state.get("rank_rngs", [None]))
+    if saved_by != ranks.world_size:  # each rank's RNG (its rollouts) was saved: the same ranks must go on
+        how = "python train.py" if saved_by == 1 else f"torchrun --nproc_per_node {saved_by} (in all)"
+        raise SystemExit(f"error: cannot resume {path}: it was saved by {saved_by} process(es) and this run has "
+                         f"{ranks.world_size}: resume with {how}")
     if lora.is_lora(model):  # --use-peft: the adapter (the base is --model's, checked by check_identity)
         lora.load_adapter(model, read("model", lambda: lora.read_adapter(path)))
     else:
@@ -271,7 +287,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -
     except ValueError as e:
         raise SystemExit(f"error: cannot resume from {path}: {e}")
     sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
+    set_rng_state(state.get("rank_rngs", [state["rng"]])[ranks.rank])
     return state["step"], state["counters"]
 
 

@@ -399,7 +399,8 @@ class VLLMGenerator:
             generation_config="vllm",
             # --no-progress also quiets vLLM's "Loading safetensors checkpoint shards" bar
             # (EngineArgs.use_tqdm_on_load, engine/arg_utils.py:816)
-            use_tqdm_on_load=not getattr(args, "no_progress", False))
+            use_tqdm_on_load=not getattr(args, "no_progress", False),
+            **external_launcher())
         self.stale = True  # the trainer's weights have not been pushed yet (pushed before generating)
         if self.sleep_mode:
             self.llm.sleep(level=2)
@@ -469,6 +470,20 @@ class VLLMGenerator:
                     # c.logprobs[k] maps token id -> Logprob; the sampled token is always in it (logprobs.py:13)
                     logprobs_out.append([c.logprobs[k][t].logprob for k, t in enumerate(ids)])
         return rows
+
+
+def external_launcher() -> dict:
+    """Under torchrun (dist.py), each rank runs its own engine on its own device, as TRL's colocate mode
+    does: vLLM's "external_launcher" executor joins the torch.distributed world torchrun made instead
+    of spawning workers (vLLM's examples/offline_inference/torchrun_example.py). With tensor and
+    pipeline parallelism 1, vLLM lays the world out as "ExternalDP x DP x PP x TP"
+    (vllm/distributed/parallel_state.py, initialize_model_parallel), so every rank is an external
+    data-parallel copy that generates on its own: TRL's colocate mode passes the same arguments.
+    Request seeds depend on the prompt's global index only (request_seed), so which rank generates a
+    group does not change its rollouts. One process: {} (vLLM's own uniprocess executor, as before)."""
+    import dist
+
+    return {"distributed_executor_backend": "external_launcher"} if dist.current().enabled else {}
 
 
 def _max_positions(model_path: str) -> int | None:

@@ -27,11 +27,17 @@ The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_r
 M x G until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
 from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
 LoRA (--use-peft, ours) is lora.py: setup wraps the model, and the KL reference is the base under
-the adapter. Left out on purpose: multi-GPU, DeepSpeed/FSDP, async rollouts.
+the adapter.
+Several processes (data-parallel, `torchrun --nproc_per_node N train.py ...`): dist.py holds all of
+it; here it shows as one Share per step (which whole groups this rank generates and trains on) and
+the gathers after generation, so the tracker, advantages and log see the whole step on every rank.
+Under torchrun main refuses --probe, --eval-only, --dynamic-sampling, --prompt-selection mopps and
+--use-peft (one process only, for now: main says why).
+Left out on purpose: FSDP/DeepSpeed sharding (dist.py says why), async rollouts.
 Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm),
 tests/test_arms.py (knapsack, coba-released, --probe) and tests/test_arms_dapo_mopps.py (dapo, mopps,
-mopps+coba); LoRA: tests/test_lora.py; crashes, NaNs, a second run and bad data files:
-tests/test_reliability.py.
+mopps+coba); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes, NaNs, a second run and
+bad data files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
@@ -39,7 +45,9 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,6 +58,7 @@ import torch
 
 import allocate
 import coba
+import dist
 import dynamic_sampling
 import grpo
 import lora
@@ -57,8 +66,8 @@ import plots
 import tracking
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
-                        prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config, save_checkpoint,
-                        truncate_log)
+                        load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
+                        save_checkpoint, truncate_log)
 from cli import (build_parser, closing_line, eval_table, progress_bars,  # the command line: flags, presets,
                  resolve_args)  # range checks, and what it prints at the end
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
@@ -98,6 +107,8 @@ def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_
 # Evaluation: greedy accuracy, and the paper's avg@k / pass@k (k samples, T = 1.0, top-p 0.9)
 # ----------------------------------------------------------------------------------------------
 def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
+    ranks = dist.current()  # under torchrun each rank evaluates every W-th problem; outcomes are gathered
+    records = records[ranks.rank::ranks.world_size]
     prompts = [format_prompt(r["question"], tokenizer, args) for r in records]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     answers = [r["answer"] for r in records]
@@ -109,12 +120,14 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
                                seed=args.seed)
 
     texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
-    result = {"acc": float(np.mean(verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)))}
+    greedy = verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)
     k = args.eval_samples
+    many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
+    sampled = verify.rewards(many, [a for a in answers for _ in range(k)], last_number_fallback=args.last_number_fallback)
+    greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
+    result = {"acc": float(np.mean(greedy))}
     if k > 0:
-        many = decode(tokenizer, gen(k, False, 1.0, 0.9))
-        correct = np.array(verify.rewards(many, [a for a in answers for _ in range(k)],
-                                          last_number_fallback=args.last_number_fallback)).reshape(-1, k)
+        correct = np.array(sampled).reshape(-1, k)  # (n, k)
         per_problem = correct.mean(axis=1)  # (n,) each problem's share of right samples
         result[f"avg@{k}"] = float(per_problem.mean())  # mean accuracy over k samples (paper's avg@16)
         # Standard error over problems (the k samples of one problem are not independent draws of
@@ -143,6 +156,11 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
       (grpo.per_token_logps_shared_prompt); a mini-batch's rows are sorted by prompt first, so a
       prompt's rows share micro-batches (the mini-batch, hence its gradient sum, is unchanged)."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
+    # Under torchrun this rank holds n of the step's N rows: "rows" (n,) says which, "lengths" (N,) are
+    # every row's completion length. Mini-batches are drawn over all N rows and normalised by their
+    # global size, so the gradients summed over ranks (dist.all_reduce_grads) are one process's.
+    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,)
+    lengths = batch.get("lengths", cmask.sum(1))  # (N,)
     sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
     cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
     N, T = cmask.shape
@@ -165,14 +183,16 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         if ref_model is not None:
             ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
     model.train()
-    perm = torch.randperm(N, generator=torch.Generator().manual_seed(gen_seed))
+    N_all = len(lengths)
+    perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
     sums: dict[str, float] = {}
     gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
-    for k, chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N))):
+    for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
+        chunk = dist.local_rows(global_chunk, rows_global, N_all)  # this rank's rows of the mini-batch
         if shared:  # rows are prompt-major: sorted, a prompt's rows are adjacent, so share micro-batches
             chunk = chunk.sort().values
         # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
-        normalizer = float(cmask[chunk].sum()) if args.loss_type == "dapo" else float(len(chunk))
+        normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
         for s in range(0, len(chunk), micro):
             rows = chunk[s:s + micro]
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
@@ -192,14 +212,17 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
                 loss_type=args.loss_type, max_completion_length=args.max_completion_length,
                 normalizer=normalizer, entropy=entropy, token_weights=is_weights)
             loss.backward()
-            w = len(rows) / N  # metrics averaged over rows of the whole batch
+            w = len(rows) / N_all  # metrics averaged over rows of the whole batch (all ranks)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
+        dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+    sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
+    gap = list(dist.all_reduce_sums(dict(enumerate(gap))).values())
     if gap[1]:  # each row is in exactly one mini-batch: token means over the whole batch
         sums["vllm_logp_gap"] = gap[0] / gap[1]
         if cap:
@@ -307,11 +330,14 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     # --use-peft: the frozen base needs no master copy (bf16 with --bf16), LoRA's weights are fp32.
     model, tokenizer, model_path = load_model_and_tokenizer(
         args, device, torch.bfloat16 if args.use_peft and bf16 else torch.float32)
+    dist.broadcast_params(model)  # under torchrun: every rank starts from rank 0's weights
+    dist.seed_rank(args.seed)  # ... and samples its own rollouts (rank 0 keeps --seed)
     args.model_identity = identity_for(args, model, model_path)
     if args.use_peft:
         model = lora.wrap(model, args)
     check_identity({"model_identity": saved.get("model_identity")}, args, resume_from)
-    if args.overwrite:  # only now, with data and model loaded: a typo in either leaves the old run whole
+    main_rank = dist.current().main  # rank 0 alone writes to OUTPUT_DIR
+    if args.overwrite and main_rank:  # only now, with data and model loaded: a typo in either leaves the old run whole
         remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
@@ -334,22 +360,28 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     start, log_path = 0, out / "log.jsonl"
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
         # the newest checkpoint that loads: a damaged one is set aside with a warning
-        resume_from, start, run.counters = resume_checkpoint(out, model, optimizer, scheduler, tracker, run.sampler)
-        truncate_log(log_path, start, keep_summary=start >= args.steps)
+        # (torchrun: rank 0 picks it, setting damaged ones aside, then the others load the same one)
+        resume_from, start, run.counters = dist.on_rank0(resume_checkpoint, out, model, optimizer, scheduler,
+                                                         tracker, run.sampler)
+        if not main_rank:
+            load_checkpoint(resume_from, model, optimizer, scheduler, tracker, run.sampler)
+        else:
+            truncate_log(log_path, start, keep_summary=start >= args.steps)
         if run.generator is not None:
             run.generator.sync_weights(model)
         print(f"resumed from {resume_from} at step {start}")
-    if start == 0:
+    if start == 0 and main_rank:
         log_path.write_text("")
-    run.log = log_path.open("a")
-    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args))
+    run.log = log_path.open("a") if main_rank else open(os.devnull, "w")
+    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args)) if main_rank else None
     if start > 0:  # which settings made the steps from here on: --steps, speed flags may have changed
         saved = json.loads((resume_from / "run_config.json").read_text())
         run.write({"type": "resume", "step": start, "checkpoint": resume_from.name,
                    "changed": changed_flags(saved, args)})
     if start == 0:
         run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
-                   "device": str(device), "train_size": len(train_set), **data_counts})
+                   "device": str(device), "train_size": len(train_set), **data_counts,
+                   "world_size": dist.current().world_size})
         run_eval(run, 0)
     return run, start
 
@@ -366,6 +398,7 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     # model, not by the sampling noise (common random numbers).
     with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
         torch.manual_seed(run.args.seed)
+        dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
             with run.amp():
                 results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
@@ -396,6 +429,20 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
     answers = [a for a, B in zip(roll.answers_m, budgets) for _ in range(B)]
     return completions, verify.rewards(decode(run.tokenizer, completions), answers,
                                        last_number_fallback=args.last_number_fallback, stats=roll.vstats)
+
+
+def sample_share(run: Run, roll: StepRollouts, share: dist.Share) -> tuple[list, list[float], list[int]]:
+    """Steps 3-4 on this rank's whole groups (all of them in one process); returns this rank's
+    completions (its rows, prompt-major) and, gathered from every rank, the step's N rewards and
+    completion lengths in prompt-major order: what the tracker, the advantages and the log read."""
+    completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
+    own, at = [], 0
+    for i in share.owned[share.rank]:  # per own group: (its rewards, its completion lengths)
+        B = share.budgets[i]
+        own.append((rewards[at:at + B], [len(c) for c in completion_ids[at:at + B]]))
+        at += B
+    groups = dist.gather_groups(share.owned, own)  # (M,) in prompt order, every rank's groups
+    return completion_ids, [r for g in groups for r in g[0]], [n for g in groups for n in g[1]]
 
 
 def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t: float) -> Allocation:
@@ -495,18 +542,23 @@ def evaluate_inside(run: Run, step: int, before: int, after: int) -> None:
             run_eval(run, step + 1, extra={"rollouts": X, "before_update": True})
 
 
-def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows) -> tuple[dict, dict, dict]:
+def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows,
+          share: dist.Share, row_lengths: list[int]) -> tuple[dict, dict, dict]:
     """Steps 6-7: group advantages on ragged groups, then the clipped surrogate's optimizer steps.
     Returns (metrics, batch info, the advantages' group stats). An empty batch (DAPO at its block limit with no group kept)
-    makes no optimizer step: its gradient is zero, and AdamW's momentum alone would move the weights."""
+    makes no optimizer step: its gradient is zero, and AdamW's momentum alone would move the weights.
+    rewards and group_ids are the step's N rows (every rank's); completion_ids and lp_rows this rank's
+    own rows, share.rows() (all N in one process); row_lengths (N,) every row's completion length."""
     args = run.args
-    if not completion_ids:
+    if len(rewards) == 0:  # the step's N, not this rank's n: every rank skips together (no collective)
         return {"skipped_update": True}, {"completion_length": 0.0, "completion_tokens": 0}, {}
-    advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)
-    ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids.tolist()], completion_ids,
+    advantages, adv_stats = grpo.group_advantages(rewards, group_ids, scale_std=not args.no_std_scaling)  # (N,)
+    rows = share.rows()  # (n,) this rank's rows among the N (all of them in one process)
+    ids, attn, cmask = collate([roll.prompt_tok_m[i] for i in group_ids[rows].tolist()], completion_ids,
                                run.tokenizer.pad_token_id)
     batch = {"input_ids": ids.to(run.device), "attention_mask": attn.to(run.device),
-             "completion_mask": cmask.to(run.device), "advantages": advantages.to(run.device)}
+             "completion_mask": cmask.to(run.device), "advantages": advantages[rows].to(run.device),
+             "rows": rows, "lengths": torch.tensor(row_lengths)}
     sampler_logps = sampler_logps_tensor(lp_rows, cmask.shape[1])  # (N, T); None: HF without --sampler-logps
     if sampler_logps is not None:  # vLLM's: for the gap and IS; HF generate's own: the old policy's log-probs
         hf_own = run.generator is None and args.sampler_logps
@@ -516,7 +568,7 @@ def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, grou
     stop_if_nonfinite(run, step, metrics)
     if run.generator is not None:
         run.generator.sync_weights(run.model)
-    return (metrics, {"completion_length": float(cmask.sum(1).float().mean()), "completion_tokens": int(cmask.sum())},
+    return (metrics, {"completion_length": float(np.mean(row_lengths)), "completion_tokens": int(np.sum(row_lengths))},
             adv_stats)
 
 
@@ -556,10 +608,14 @@ def rl_step(run: Run, step: int) -> dict:
         else:
             alloc = allocate_step(args, tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx),
                                   tracker.knapsack_stats(roll.prompt_idx), alpha_t, beta_t)
-            # 3.-4. generate B_i completions for prompt i and reward them
-            completion_ids, reward_list = sample_and_reward(run, roll, alloc.budgets, round_=0)
+            # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
+            alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
+            share = dist.Share.of(alloc.budgets)
+            completion_ids, reward_list, row_lengths = sample_share(run, roll, share)
             lp_rows = roll.sampler_lps[0]
     prompt_idx, budgets, M = roll.prompt_idx, alloc.budgets, len(roll.prompt_idx)
+    if args.probe or dyn is not None:  # one process only (main refuses them under torchrun): every row is here
+        share, row_lengths = dist.Share.of(budgets), [len(c) for c in completion_ids]
     group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)], dtype=torch.long)  # (N,) prompt of each row
     rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
     successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
@@ -572,16 +628,20 @@ def rl_step(run: Run, step: int) -> dict:
                   [len(g.rewards) for g in dyn.generated], [list(g.rewards) for g in dyn.generated])
     tracker.update(*visits[:3], rewards=visits[3])
     run.sampler.record(*visits[:3])
-    run.counters["rollouts"] += dyn.rollouts if dyn is not None else len(completion_ids)
+    run.counters["rollouts"] += dyn.rollouts if dyn is not None else len(reward_list)  # all ranks' N
     evaluate_inside(run, step, before, run.counters["rollouts"])
     # 6.-7. group advantages on ragged groups; clipped surrogate, mini-batch optimizer steps
-    metrics, lengths, adv_stats = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows)
+    metrics, lengths, adv_stats = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows, share,
+                                        row_lengths)
     # 8. log
     run.counters["seconds"] += time.time() - t0
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
     if run.reporter is not None and args.log_completions and completion_ids:  # a few rows to completions.jsonl
-        run.reporter.log_completions(tracking.completion_rows(step + 1, prompt_idx, roll.prompts, roll.answers_m,
-            completion_ids, reward_list, budgets, alloc.pass_rates, run.tokenizer, args.log_completions))
+        own, rows = share.owned[share.rank], share.rows()  # rank 0 writes: its own groups (all, in one process)
+        run.reporter.log_completions(tracking.completion_rows(step + 1, [prompt_idx[i] for i in own],
+            [roll.prompts[i] for i in own], [roll.answers_m[i] for i in own], completion_ids,
+            [reward_list[r] for r in rows.tolist()], [budgets[i] for i in own], alloc.pass_rates[own],
+            run.tokenizer, args.log_completions))
     theta = getattr(run.sampler, "last_draws", None)  # MoPPS: the chosen prompts' Thompson draws
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
@@ -590,7 +650,7 @@ def rl_step(run: Run, step: int) -> dict:
         "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
-        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths,
+        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
         "gen_seconds": round(roll.gen_seconds, 3),
         "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **metrics,
@@ -602,9 +662,10 @@ def train(args) -> dict:
     dict (also the last line of the JSONL log)."""
     out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
     out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out), progress_bars(not args.no_progress):
-        resume_from = prepare_run_dir(out, args)
-        summary = finished_summary(out, resume_from, args)
+    main_rank = dist.current().main  # under torchrun rank 0 holds the lock and settles OUTPUT_DIR for all
+    with RunLock(out) if main_rank else contextlib.nullcontext(), progress_bars(not args.no_progress):
+        resume_from = dist.on_rank0(prepare_run_dir, out, args)
+        summary = dist.on_rank0(finished_summary, out, resume_from, args)
         if summary is not None:  # resuming a finished run: nothing to add (a larger --steps extends it)
             print(f"{out}: the run already finished at step {summary['step']}; pass a larger --steps "
                   f"(or --max-rollouts) to extend it")
@@ -650,6 +711,8 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             if not finished and ((args.eval_every and done % args.eval_every == 0)
                                  or (E and run.counters["rollouts"] % E == 0)):
                 run_eval(run, done)
+            if dist.any_rank(interrupt.requested) and not interrupt.requested:  # another rank's signal
+                interrupt.requested, interrupt.signum = True, signal.SIGTERM
             if done % args.save_every == 0 or finished or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
                                         run.tracker, run.sampler, args, run.counters)
@@ -658,7 +721,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 run.log.close()
                 return {"interrupted": True, "step": done, "exit_code": interrupt.exit_code}
     # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
-    evals = [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"]
+    evals = dist.on_rank0(lambda: [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"])
     final = (next((r for r in evals if r["step"] == done and not r.get("before_update")), None)
              or run_eval(run, done))
     summary = {"type": "summary", "step": done, "rollouts": run.counters["rollouts"],
@@ -667,8 +730,9 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                **start_end((evals or [final])[0], final, args.eval_samples)}
     run.write(summary)
     run.log.close()
-    run.reporter.close()
-    plots.plot_run_safely(out)  # OUTPUT_DIR/plots/*.png (plots.py; also `python plots.py OUTPUT_DIR`)
+    if dist.current().main:
+        run.reporter.close()
+        plots.plot_run_safely(out)  # OUTPUT_DIR/plots/*.png (plots.py; also `python plots.py OUTPUT_DIR`)
     return summary
 
 
@@ -722,13 +786,31 @@ def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
-    if args.eval_only:
-        return eval_only(args)
+    if dist.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        # One process only, for now: --probe's and DAPO's extra generation rounds are not split by a
+        # Share; MoPPS and LoRA have no torchrun test yet (MoPPS's draws are seeded and its posteriors
+        # read the gathered rewards, but untested; LoRA's random A would also need rank 0's broadcast).
+        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only),
+                         ("--dynamic-sampling", args.dynamic_sampling), ("--use-peft", args.use_peft),
+                         ("--prompt-selection mopps", args.prompt_selection == "mopps")):
+            if on:
+                raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
+    ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not ranks.main:  # one set of progress bars: rank 0's
+        args.no_progress = True
+    try:
+        return finish(args, t0) if not args.eval_only else eval_only(args)
+    finally:
+        dist.teardown()
+
+
+def finish(args, t0: float) -> dict:
+    """main's end: train, then the closing line (rank 0)."""
     summary = train(args)
     if summary.get("interrupted"):  # after its checkpoint: exit as a process stopped by the signal would
         raise SystemExit(summary["exit_code"])
     line = closing_line(summary, args.eval_samples)
-    if line is not None:
+    if line is not None and dist.current().main:
         print(f"{line} after {summary['rollouts']} rollouts; wall time {time.time() - t0:.0f} s; log: "
               f"{Path(args.output_dir) / 'log.jsonl'}")
     return summary

@@ -137,13 +137,17 @@ def script_calls(line: str) -> list[tuple[str, list[str]]]:
         return []
     calls = []
     for i, tok in enumerate(tokens[:-1]):
-        if PYTHON.search(tok) and tokens[i + 1].endswith(".py") and "/" not in tokens[i + 1]:
+        at = i + 1 if PYTHON.search(tok) else None
+        if tok == "torchrun":  # `torchrun LAUNCHER-FLAGS X.py ARGS` (docs/distributed.md): X.py's ARGS
+            at = next((j for j in range(i + 1, len(tokens)) if tokens[j].endswith(".py") or tokens[j] in SEPARATORS),
+                      None)
+        if at is not None and at < len(tokens) and tokens[at].endswith(".py") and "/" not in tokens[at]:
             argv = []
-            for t in tokens[i + 2:]:
+            for t in tokens[at + 1:]:
                 if t in SEPARATORS:
                     break
                 argv.append(t)
-            calls.append((tokens[i + 1], argv))
+            calls.append((tokens[at], argv))
     return calls
 
 
@@ -225,6 +229,13 @@ def test_an_unknown_flag_or_subcommand_is_caught(whole_flags_only, monkeypatch, 
     bad = refused(calls, monkeypatch, capsys)
     assert len(bad) == 4 and "--no-such-flag" in bad[0] and "stepp" in bad[1]
     assert "--learning-rat" in bad[2] and "--step" in bad[3]
+
+
+def test_a_torchrun_launch_is_checked_like_python():
+    """torchrun's own flags (before X.py) are the launcher's; the ones after are X.py's (issue 35)."""
+    line = "torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id x train.py --steps 5 --no-such-flag && ls"
+    assert script_calls(line) == [("train.py", ["--steps", "5", "--no-such-flag"])]
+    assert script_calls("torchrun --standalone && python bench.py dist") == [("bench.py", ["dist"])]
 
 
 # ----------------------------------------------------------------------------------------------

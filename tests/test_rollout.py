@@ -43,6 +43,7 @@ import rollout
 # The stand-in: exactly the vLLM 0.32 surface VLLMGenerator uses (checked against the source below)
 # ----------------------------------------------------------------------------------------------
 LLM_INIT_KWARGS = {"model", "dtype", "seed", "gpu_memory_utilization", "max_model_len", "enable_sleep_mode",
+                   "distributed_executor_backend",
                    "logprobs_mode", "generation_config", "use_tqdm_on_load"}
 SAMPLING_FIELDS = {"n", "seed", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "logprobs",
                    "detokenize"}
@@ -505,3 +506,16 @@ def test_gpu_check_tiny_trains_on_cpu(tmp_path):
     steps = [r for r in steps if r["type"] == "train"]
     assert len(steps) == 2 and all(r["grad_norm"] > 0 for r in steps)
     assert not list(tmp_path.glob("run0/checkpoint*"))  # no checkpoint written
+
+
+def test_vllm_joins_torchrun_as_external_launcher(fake_vllm, toy_model_dir, monkeypatch):
+    """Under torchrun (dist.py) each rank's engine is an external data-parallel copy (TRL's colocate
+    mode); in one process the argument is absent, so vLLM's own executor is used as before."""
+    import dist
+
+    fake, _ = fake_vllm
+    rollout.VLLMGenerator(make_args(False), str(toy_model_dir))
+    assert "distributed_executor_backend" not in fake.llm.kw
+    monkeypatch.setattr(dist, "current", lambda: dist.Ranks(rank=1, world_size=2))
+    rollout.VLLMGenerator(make_args(False), str(toy_model_dir))
+    assert fake.llm.kw["distributed_executor_backend"] == "external_launcher"
