@@ -1,10 +1,11 @@
-"""The offline default of coba-rl: a graded arithmetic task and tiny Qwen2s that half-solve it.
+"""The offline labs of coba-rl: graded tasks (worked running sums, 3-token arithmetic) and tiny Qwen2s.
 
 CoBA-RL (arXiv 2602.03048) allocates rollouts by each prompt's pass rate, so the task it is shown
 on must have pass rates spread over [0, 1]. Real math data and a real LLM need a GPU and a model
 hub; this file makes the same shape of problem on a laptop CPU:
 
-1. A graded, verifiable task (8 levels, from `3+4=` to `47*6=`): difficulty grows with the number
+1. Graded, verifiable tasks. The default lab, toy-reason, writes worked solutions of running sums
+   (section 1b below); the first two labs answer 3-token arithmetic (8 levels, from `3+4=` to `47*6=`): difficulty grows with the number
    of operands, digits and the operator, so one model sees easy, medium and hopeless prompts at
    once. Each record is {"question", "answer", "level"}; answers are integers checked by verify.py.
 2. A tiny Qwen2-architecture causal LM (~0.8M parameters, the sizes that worked in
