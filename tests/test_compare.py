@@ -418,3 +418,16 @@ def test_primary_metric_secondaries_and_evaluation_noise_by_hand():
     assert metric == "greedy" and "missing from some of these runs" in note
     assert [r["final_acc"] for r in view] == [0.4, 0.4, 0.3, 0.5]
     assert all(r["final_greedy"] is None and r["final_pass"] is None for r in view)
+
+
+def test_toy_reason_has_its_own_regime_and_the_others_keep_theirs():
+    """compare.MODEL_REGIMES (issue 30): --model toy-reason gets its lr, pool, steps and evaluation
+    points; --steps/--eval-every still win; toy and toy-strong keep REGIME and the preset's 100/25."""
+    args, _ = compare.parse_args(["--model", "toy-reason"])
+    assert (args.steps, args.eval_every) == (40, 20)
+    assert compare.MODEL_REGIMES["toy-reason"]["flags"][:2] == ["--learning-rate", "3e-4"]
+    args, _ = compare.parse_args(["--model", "toy-reason", "--steps", "7", "--eval-every", "7"])
+    assert (args.steps, args.eval_every) == (7, 7)
+    for model in ("toy", "toy-strong"):
+        args, _ = compare.parse_args(["--model", model])
+        assert (args.steps, args.eval_every) == (100, 25) and model not in compare.MODEL_REGIMES
