@@ -36,11 +36,12 @@ rollouts/s and completion tokens/s of each, and their ratio. Needs vLLM (on CPU:
 
 Results: README "The vLLM path".
 
-    python bench.py dist [--nproc 1 2] [--steps 8] [--repeats 3]
+    python bench.py dist [--nproc 1 2] [--steps 8] [--repeats 3] [--model toy-reason] [--fsdp]
 
-`dist`: rollouts/s of train.py's toy step (all of it: generate, reward, gather, update with the gradient
-all-reduce) under `torchrun --nproc_per_node 1` and `2`, runs interleaved, with the speed-up and the
-scaling efficiency (speed-up / processes). Results: docs/distributed.md.
+`dist`: rollouts/s of train.py's step on a lab (all of it: generate, reward, gather, update with the
+gradient all-reduce) under `torchrun --nproc_per_node 1` and `2` (and `2 --fsdp` with --fsdp), runs
+interleaved, with the speed-up and the scaling efficiency (speed-up / processes). Results:
+docs/distributed.md.
 
 Layout: one function per subcommand, the subcommand table in `main`. Measurements, not tests:
 nothing here asserts a speed.
@@ -423,7 +424,7 @@ def bench_generate(args) -> None:
 # ----------------------------------------------------------------------------------------------
 # dist: the toy step at 1 and 2 (or more) processes under torchrun (dist.py, issue 35)
 # ----------------------------------------------------------------------------------------------
-def dist_run(nproc: int, opts, out: str) -> list[float]:
+def dist_run(nproc: int, opts, out: str, fsdp: bool = False) -> list[float]:
     """One `torchrun --nproc_per_node nproc train.py` of the toy; its steps' wall seconds after warm-up
     (rank 0's step_seconds: a step ends on rank 0 only once every rank's gradient has arrived)."""
     import json
@@ -432,7 +433,7 @@ def dist_run(nproc: int, opts, out: str) -> list[float]:
            os.path.join(REPO, "train.py"), "--steps", str(opts.steps + opts.warmup), "--output-dir", out,
            "--overwrite", "--no-progress", "--threads", "1", "--eval-size", "8", "--eval-samples", "0",
            "--eval-every", "0", "--save-every", str(10 ** 6), "--prompts-per-step", str(opts.M),
-           "--num-generations", str(opts.G)]
+           "--num-generations", str(opts.G), "--model", opts.model] + (["--fsdp"] if fsdp else [])
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
     with open(os.path.join(out, "log.jsonl")) as f:
         steps = [r for r in map(json.loads, f) if r.get("type") == "train"]
@@ -448,22 +449,24 @@ def bench_dist(opts) -> dict:
 
     print(f"{machine()} (1-min; before), load averages {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
-    times: dict[int, list[float]] = {n: [] for n in opts.nproc}
+    # rows: (processes, --fsdp); with --fsdp every count above 1 also runs sharded (dist.py's rules)
+    rows = [(n, False) for n in opts.nproc] + [(n, True) for n in opts.nproc if opts.fsdp and n > 1]
+    times: dict[tuple, list[float]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(opts.repeats):
-            for n in opts.nproc:
-                times[n] += dist_run(n, opts, os.path.join(tmp, f"n{n}"))
+            for n, fsdp in rows:
+                times[n, fsdp] += dist_run(n, opts, os.path.join(tmp, f"n{n}{'f' if fsdp else ''}"), fsdp)
     N = opts.M * opts.G
-    base = N / statistics.median(times[opts.nproc[0]])
-    print(f"toy step, M = {opts.M} prompts x G = {opts.G} rollouts = {N} a step, 1 thread per process; "
+    base = N / statistics.median(times[rows[0]])
+    print(f"{opts.model} step, M = {opts.M} prompts x G = {opts.G} rollouts = {N} a step, 1 thread per process; "
           f"{opts.repeats} runs x {opts.steps} timed steps per row (after {opts.warmup} warm-up)")
-    print(f"{'processes':>9} | {'median step s':>13} | {'rollouts/s':>10} | {'speed-up':>8} | {'efficiency':>10}")
+    print(f"{'processes':>12} | {'median step s':>13} | {'rollouts/s':>10} | {'speed-up':>8} | {'efficiency':>10}")
     result = {}
-    for n in opts.nproc:
-        rate = N / statistics.median(times[n])
-        result[n] = rate
-        print(f"{n:>9} | {statistics.median(times[n]):>13.3f} | {rate:>10.1f} | {rate / base:>7.2f}x | "
-              f"{rate / base / n * opts.nproc[0]:>9.0%}")
+    for n, fsdp in rows:
+        rate = N / statistics.median(times[n, fsdp])
+        result[f"{n}{' fsdp' if fsdp else ''}"] = rate
+        print(f"{str(n) + (' (fsdp)' if fsdp else ''):>12} | {statistics.median(times[n, fsdp]):>13.3f} | {rate:>10.1f} | "
+              f"{rate / base:>7.2f}x | {rate / base / n * opts.nproc[0]:>9.0%}")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (after)")
     return result
 
@@ -507,6 +510,8 @@ def main(argv=None):
     d.add_argument("--steps", type=int, default=8, help="timed steps per run")
     d.add_argument("--warmup", type=int, default=2, help="untimed first steps per run")
     d.add_argument("--repeats", type=int, default=3, help="runs per process count, interleaved")
+    d.add_argument("--model", default="toy-reason", help="the lab whose step is timed (train.py's default)")
+    d.add_argument("--fsdp", action="store_true", help="also time each count above 1 under --fsdp (FSDP2)")
     d.set_defaults(func=bench_dist)
     opts = ap.parse_args(argv)
     for key in ("M", "G", "T", "repeats", "threads", "steps"):

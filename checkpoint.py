@@ -190,12 +190,16 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler
     """write_checkpoint on rank 0 with every rank's RNG state (under torchrun: the weights and optimizer
     are the same on every rank, the RNG is not); all ranks call it and get the path, or its error."""
     rank_rngs = dist.gather_object(rng_state())  # a collective: every rank, before anything can fail
+    # --fsdp: each rank holds a shard; gather the full weights and optimizer state to rank 0 (a collective
+    # too), so the checkpoint has the one-process format (dist.py: full_state)
+    full = dist.full_state(model, optimizer) if dist.is_sharded(model) else (None, None)
     return dist.on_rank0(write_checkpoint, out, step, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                         args, counters, rank_rngs)
+                         args, counters, rank_rngs, *full)
 
 
 def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                     args, counters: dict, rank_rngs: list[dict] | None = None) -> Path:
+                     args, counters: dict, rank_rngs: list[dict] | None = None, weights: dict | None = None,
+                     optimizer_state: dict | None = None) -> Path:
     """Write OUTPUT_DIR/checkpoint-<step> so that a crash at any instant leaves a complete checkpoint:
       0. make room: delete our directories but the newest complete checkpoint (older checkpoints, a
          crashed save's .tmp), marker first (a half-deleted one is not complete);
@@ -205,6 +209,7 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
     Before 2, find_checkpoint sees the previous checkpoint; from 2 on, the new one; the previous one
     stays until the next save (KEEP = 2). A write that fails (a full disk: OSError, or torch.save's
     RuntimeError) removes the .tmp and stops with one line saying how much room a save needs.
+    weights, optimizer_state: --fsdp's full state (dist.full_state) in place of the live objects' own.
     tests/test_reliability.py crashes the save after each operation and resumes."""
     tmp, final = out / f"{CHECKPOINT}{step}.tmp", out / f"{CHECKPOINT}{step}"
     if checkpoint_step(final) == step:  # this step is saved already
@@ -217,7 +222,7 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
             shutil.rmtree(old)
             _save_step_done(f"delete {old.name}")
     try:
-        model.save_pretrained(tmp)  # --use-peft: the adapter only (adapter_model.safetensors, peft's format)
+        model.save_pretrained(tmp, state_dict=weights)  # --use-peft: the adapter only (adapter_model.safetensors, peft's format)
         if lora.is_lora(model) and step == args.steps:  # the run's end: also a plain model, W + s * B A
             lora.save_merged(model, tokenizer, tmp / "merged")
             (tmp / "merged" / "run_config.json").write_text(json.dumps(run_config(args)))  # --model keeps its preset
@@ -227,7 +232,8 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
         (tmp / "run_config.json").write_text(json.dumps(run_config(args)))  # read by --resume's checks
         _save_step_done("run_config")
         rank_rngs = rank_rngs or [rng_state()]  # "rng": rank 0's, as checkpoints of one process always had
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        optim = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+        torch.save({"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(),
                     "tracker": tracker.state_dict(), "sampler": sampler.state_dict(), "rng": rank_rngs[0],
                     "rank_rngs": rank_rngs, "counters": counters, "args": run_config(args)}, tmp / "trainer_state.pt")
         _save_step_done("trainer_state")
@@ -277,10 +283,14 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, tracker, sampler) -
                          f"{ranks.world_size}: resume with {how}")
     if lora.is_lora(model):  # --use-peft: the adapter (the base is --model's, checked by check_identity)
         lora.load_adapter(model, read("model", lambda: lora.read_adapter(path)))
+    elif dist.is_sharded(model):  # --fsdp: this rank's shards cut from the full state, no collective
+        weights = read("model", lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
+        dist.load_full_state(model, optimizer, weights, state["optimizer"])
     else:
         model.load_state_dict(read("model", lambda: AutoModelForCausalLM.from_pretrained(
             path, dtype=model.dtype).state_dict()))
-    optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
+    if not dist.is_sharded(model):
+        optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
     scheduler.load_state_dict(state["scheduler"])
     try:
         tracker.load_state_dict(state["tracker"])

@@ -228,7 +228,7 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--shared-prompt-forward", action=argparse.BooleanOptionalAction, default=None,
                    help="speed, same loss up to float rounding: the loss forward runs each distinct prompt of a "
                         "micro-batch once and its completions on its KV cache (grpo.per_token_logps_shared_prompt; "
-                        "default: on, off with --gradient-checkpointing)")
+                        "default: on, off with --gradient-checkpointing or --fsdp)")
     g.add_argument("--sampler-logps", action=argparse.BooleanOptionalAction, default=True,
                    help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
                         "(rollout.SampledTokenLogps) and serve as the old policy's log-probs, instead of a "
@@ -281,6 +281,10 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
     g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
+    g.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard weights, gradients and AdamW state over ranks with FSDP2 (for models "
+                        "whose training state does not fit one device); default: each rank holds the whole model "
+                        "(ours; dist.py says why, docs/distributed.md has the memory plan)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 mixed precision: fp32 master weights, bf16 autocast for every forward (default: on GPU). "
                    "Pure bf16 weights would round AdamW's ~1e-6 updates away (bf16 keeps ~3 digits)")
     g.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
@@ -334,8 +338,16 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
         ap.error("--eval-only trains nothing, so there is no adapter to add: drop --use-peft (a LoRA run's "
                  "final checkpoint-<N>/merged is a plain model for --model)")
     check_prompt_template(args.prompt_template)
+    if args.fsdp and args.use_peft:
+        ap.error("--fsdp shards a full model; --use-peft trains a small adapter that fits one device: drop one")
+    if args.fsdp and args.optim == "adamw8bit":
+        ap.error("--fsdp shards torch's AdamW; bitsandbytes' 8-bit AdamW does not take sharded weights: "
+                 "drop --optim adamw8bit")
+    if args.shared_prompt_forward and args.fsdp:  # 1 or 2 forwards a micro-batch, by its data: ranks would differ
+        ap.error("--shared-prompt-forward runs 1 or 2 forwards per micro-batch depending on its rows, and --fsdp "
+                 "needs the same count on every rank: drop --shared-prompt-forward")
     if args.shared_prompt_forward is None:
-        args.shared_prompt_forward = not args.gradient_checkpointing
+        args.shared_prompt_forward = not args.gradient_checkpointing and not args.fsdp
     elif args.shared_prompt_forward and args.gradient_checkpointing:  # checkpointed layers drop the KV cache
         ap.error("--shared-prompt-forward needs the KV cache, which --gradient-checkpointing turns off: drop one")
     if args.device is not None:  # fail here, not in the first .to(device) minutes later

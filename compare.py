@@ -956,7 +956,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(table)
     if args.plots_only:
         print(redraw_report(table_dir, before))
-    missing = len(jobs) - len(runs)
+    missing = len(set(jobs) - {(r["arm"], r["seed"]) for r in runs})  # of this sweep's; carried arms' runs are extra
     print(f"wall time {wall:.0f} s ({len(runs)} finished runs{f', {missing} not found' if missing else ''}); "
           f"wrote {table_dir / 'compare.jsonl'}, table.md and {len(plots)} plots")
     return {"runs": runs, "summary": summary, "paired": diffs, "wall_seconds": wall}

@@ -16,15 +16,29 @@ What stays global and what is split (CoBA-RL, arXiv 2602.03048, method.md §3; d
   - Gradients: each rank backpropagates its rows with the loss normalised by the GLOBAL token count of
     the mini-batch, then `all_reduce_grads` SUMS them, so the summed gradient is one process's.
 
-Departure (ours, said so; the issue allowed DDP where simpler): the model is replicated, like DDP, and
-the gradient is all-reduced by hand once per optimizer step, not sharded with FSDP2 (`fully_shard`).
-Why: ranks hold different numbers of rows (balanced, not equal) and HF `generate` stops at a
-different step on each rank. FSDP2 all-gathers weights inside every forward and torch's DDP wrapper
-all-reduces inside every backward, so both need every rank to run the same number of forwards and
-backwards, which ragged groups break (padding ranks with dummy micro-batches and dummy decode steps
-would be the fix). One flat all-reduce after the local accumulation has no such constraint and is
-exact. The cost is memory: each rank holds the whole model and AdamW state (docs/distributed.md has
-the arithmetic for Qwen2.5-7B, and what FSDP2 would save).
+Two ways to hold the model (`--fsdp`; the issue allowed DDP where it fits, our choice of default):
+  - replicated (default): every rank holds the whole model and AdamW state, and the gradient is
+    all-reduced by hand once per optimizer step (`all_reduce_grads`). Why the default: ranks hold
+    different numbers of rows (balanced, not equal) and HF `generate` stops at a different step on
+    each rank, and one flat all-reduce after the local accumulation needs nothing equal. It is exact.
+  - `--fsdp`: FSDP2 (`torch.distributed.fsdp.fully_shard`, one unit per decoder layer and the root)
+    shards the weights, gradients and AdamW moments over ranks, for models whose training state does
+    not fit one device (Qwen2.5-7B: docs/distributed.md's memory plan). FSDP2 all-gathers a unit's
+    weights inside every forward and reduce-scatters its gradient inside every backward, so every
+    rank must run the same number of them. Three rules keep that true with ragged groups:
+      1. generation and no-grad forwards run inside `gathered(model)`: the whole model unsharded
+         once (TRL gathers ZeRO-3 weights for generation the same way) and no collective until it
+         ends, so ranks may decode for different numbers of steps;
+      2. training micro-batches are padded to the same count on every rank (`max_over_ranks`); a pad
+         micro-batch backpropagates a loss times 0 (it adds exact zeros). --shared-prompt-forward
+         is off (1 or 2 forwards a micro-batch, depending on its rows, would break the count);
+      3. gradients are SUMMED by the reduce-scatter (`shard` sets divide factor 1 and a plain SUM:
+         gloo has no pre-multiplied sum), so the loss normaliser is the same global one as above.
+    Checkpoints stay in the one-process format: `full_state` gathers the full weights and optimizer
+    state to rank 0 (a collective, on CPU), and `load_full_state` cuts each rank's shard out of them
+    with no collective (rank 0 loads alone while it looks for an undamaged checkpoint). For 7B that
+    means rank 0 holds ~7.6e9 x 12 bytes ~ 91 GB of CPU memory at a save; torch.distributed.checkpoint
+    (sharded files) would avoid it and is not used here (ours, said so).
 
 Rank 0 alone writes the log, trackers, plots and checkpoints (`on_rank0` runs a writer there and
 hands its result, or its one-line error, to every rank). A checkpoint holds every rank's RNG state
@@ -32,6 +46,7 @@ hands its result, or its one-line error, to every rank). A checkpoint holds ever
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -262,3 +277,128 @@ def on_rank0(fn, *args, **kwargs):
     if error is not None:
         raise SystemExit(error)
     return result
+
+
+# ----------------------------------------------------------------------------------------------
+# --fsdp: FSDP2 sharding (the three rules of the module docstring)
+# ----------------------------------------------------------------------------------------------
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 in place: one unit per block HF marks as not to be split (`_no_split_modules`, e.g.
+    Qwen2DecoderLayer: what accelerate wraps too), then the root (embeddings, final norm, tied lm_head).
+    Gradients are summed over ranks, not averaged (rule 3). Call after broadcast_params and before
+    the optimizer is made: the optimizer must see the sharded parameters (DTensors)."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    units = [m for m in model.modules() if type(m).__name__ in blocks]
+    if not units:
+        raise SystemExit(f"error: --fsdp found no decoder blocks to shard in {type(model).__name__} (it shards "
+                         "the classes in the model's _no_split_modules): drop --fsdp")
+    for unit in units:
+        fully_shard(unit)
+    fully_shard(model)
+    for unit in fsdp_units(model):
+        unit.set_gradient_divide_factor(1.0)  # the SUM of the ranks' gradients (the loss is globally normalised)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM reduce-scatter: gloo has no PREMUL_SUM
+    return model
+
+
+def fsdp_units(model: torch.nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model) -> bool:
+    return bool(fsdp_units(model)) if tdist.is_initialized() else False
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module):
+    """Rule 1: inside, the whole model is unsharded (each unit all-gathered once, on entry) and
+    forwards communicate nothing, so ranks may run different numbers of them (HF generate, vLLM's
+    weight push through named_parameters, the no-grad log-prob forwards). Resharded on exit.
+    A no-op for a model that is not sharded."""
+    units = fsdp_units(model) if tdist.is_initialized() else []
+    if not units:
+        yield model
+        return
+    for unit in units:
+        unit.set_reshard_after_forward(False)
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
+
+
+def max_over_ranks(n: int) -> int:
+    """Rule 2: the largest n of any rank (n itself in one process)."""
+    if not tdist.is_initialized():
+        return n
+    t = torch.tensor([n], dtype=torch.long)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def grad_norm(total) -> float:
+    """clip_grad_norm_'s answer as a float: a DTensor (replicated over ranks) under --fsdp."""
+    return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+
+
+def _param_aliases(model) -> set[str]:
+    """Names of tied duplicates (lm_head.weight tied to embed_tokens.weight): named_parameters lists a
+    shared parameter once, so the full state dict drops the others, as save_pretrained does."""
+    once = {n for n, _ in model.named_parameters()}
+    return {n for n, _ in model.named_parameters(remove_duplicate=False)} - once
+
+
+def full_state(model, optimizer) -> tuple[dict, dict]:
+    """(weights, optimizer state), full and on CPU, on rank 0; ({}, {}) on the others. A collective:
+    every rank calls it. The optimizer state is keyed by parameter name (torch's full format)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    optim = get_optimizer_state_dict(model, optimizer, options=options)
+    aliases = _param_aliases(model)
+    return {k: v for k, v in weights.items() if k not in aliases}, optim
+
+
+def _local_shard(full: torch.Tensor, like) -> torch.Tensor:
+    """This rank's shard of a full tensor, laid out as the DTensor `like` (no communication:
+    src_data_rank=None cuts it from the local copy every rank holds)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor):
+        return full
+    return distribute_tensor(full.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def load_full_state(model, optimizer, weights: dict, optim: dict | None) -> None:
+    """full_state's inverse, on one rank alone (no collective). weights: name -> full tensor (a tied
+    duplicate may be absent); optim: full_state's optimizer part (name-keyed), or None to leave it."""
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(weights))
+    if missing:
+        raise KeyError(f"the checkpoint lacks {missing[:3]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            src = _local_shard(weights[name].to(p.device), p)
+            (p.to_local() if hasattr(p, "to_local") else p).copy_(src.to_local() if hasattr(src, "to_local") else src)
+    if optim is None:
+        return
+    order = [n for n, _ in model.named_parameters()]  # the optimizer was made from model.parameters()
+    index = {n: i for i, n in enumerate(order)}
+    state = {}
+    for name, s in optim["state"].items():
+        p = params[name]
+        state[index[name]] = {k: (_local_shard(v.to(p.device), p) if torch.is_tensor(v) and v.shape == p.shape else v)
+                              for k, v in s.items()}
+    groups = []
+    for saved, live in zip(optim["param_groups"], optimizer.state_dict()["param_groups"]):
+        groups.append({**saved, "params": live["params"]})
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

@@ -32,8 +32,10 @@ Several processes (data-parallel, `torchrun --nproc_per_node N train.py ...`): d
 it; here it shows as one Share per step (which whole groups this rank generates and trains on) and
 the gathers after generation, so the tracker, advantages and log see the whole step on every rank.
 Under torchrun main refuses --probe, --eval-only, --dynamic-sampling, --prompt-selection mopps and
---use-peft (one process only, for now: main says why).
-Left out on purpose: FSDP/DeepSpeed sharding (dist.py says why), async rollouts.
+--use-peft (one process only, for now: main says why). --fsdp shards the model with FSDP2 (dist.py's
+three rules: generation inside dist.gathered, micro-batches padded to the same count, summed
+gradients); without it every rank holds the whole model.
+Left out on purpose: DeepSpeed, sharded checkpoint files (torch.distributed.checkpoint), async rollouts.
 Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm),
 tests/test_arms.py (knapsack, coba-released, --probe) and tests/test_arms_dapo_mopps.py (dapo, mopps,
 mopps+coba); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes, NaNs, a second run and
@@ -176,7 +178,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     old_logps, ref_logps = batch.get("old_logps"), None  # (N, T) generation's log-probs, or None
     own_first = old_logps is not None  # the first mini-batch takes its own detached forward as pi_old
     model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
-    with torch.no_grad():
+    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
         # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
         if args.num_mini_batches > 1 and old_logps is None:
             old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
@@ -193,9 +195,18 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
             chunk = chunk.sort().values
         # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
         normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
-        for s in range(0, len(chunk), micro):
-            rows = chunk[s:s + micro]
+        # --fsdp: every rank runs as many micro-batches as the busiest (dist.py rule 2); a pad one
+        # (s past the end) recomputes a row of this rank with weight 0, so it adds exact zeros.
+        n_micro = -(-len(chunk) // micro)
+        if dist.is_sharded(model):
+            n_micro = dist.max_over_ranks(n_micro)
+        for s in range(0, n_micro * micro, micro):
+            pad = s >= len(chunk)
+            rows = chunk[s:s + micro] if not pad else torch.arange(min(1, len(cmask)))
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
+            if pad:
+                (logps.sum() * 0.0).backward()
+                continue
             old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
             is_weights = None
             if sampler_logps is not None:  # the trainer's log-probs at rollout time vs the sampler's
@@ -216,8 +227,9 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
-        dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
-        sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        if not dist.is_sharded(model):  # --fsdp: the reduce-scatter in each backward summed them already
+            dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
+        sums["grad_norm"] = dist.grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -333,6 +345,8 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     dist.broadcast_params(model)  # under torchrun: every rank starts from rank 0's weights
     dist.seed_rank(args.seed)  # ... and samples its own rollouts (rank 0 keeps --seed)
     args.model_identity = identity_for(args, model, model_path)
+    if args.fsdp:  # FSDP2: each rank keeps 1/W of the weights (and so of the gradients and AdamW moments)
+        model = dist.shard(model)
     if args.use_peft:
         model = lora.wrap(model, args)
     check_identity({"model_identity": saved.get("model_identity")}, args, resume_from)
@@ -400,7 +414,7 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
         torch.manual_seed(run.args.seed)
         dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
-            with run.amp():
+            with run.amp(), dist.gathered(run.model):
                 results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
             for key, value in results.items():
                 record[f"{name}_{key}"] = value
@@ -418,7 +432,7 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
     """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,)."""
     args = run.args
     t_gen = time.time()
-    with run.amp():
+    with run.amp(), dist.gathered(run.model):  # --fsdp: whole weights while decoding (dist.py rule 1)
         completions = generate_groups(
             run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
             temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
@@ -795,6 +809,12 @@ def main(argv: list[str] | None = None) -> dict:
                          ("--prompt-selection mopps", args.prompt_selection == "mopps")):
             if on:
                 raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
+    if args.fsdp and not dist.launched_by_torchrun():
+        raise SystemExit("error: --fsdp shards the model over torchrun's processes: launch with "
+                         "torchrun --nproc_per_node N train.py ... --fsdp, or drop --fsdp")
+    if args.fsdp and int(os.environ.get("WORLD_SIZE", 1)) > args.prompts_per_step:
+        raise SystemExit(f"error: --fsdp needs a group on every rank: --prompts-per-step {args.prompts_per_step} is "
+                         f"fewer than the {os.environ['WORLD_SIZE']} processes; raise it or launch fewer")
     ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not ranks.main:  # one set of progress bars: rank 0's
         args.no_progress = True

@@ -4,6 +4,8 @@
   budgets split evenly;
 - one process vs 2 ranks on the same (injected) rollouts: the same weights after each step, the same
   tracker and the same next allocation, each rank generating only its own whole groups;
+- --fsdp (FSDP2 shards the model): the same weights, tracker and allocation as one process, with
+  micro-batches of 3 rows so that ranks run different numbers of them unless padded (dist.py rule 2);
 - a 2-rank run whose rank 1 is killed (SIGKILL) leaves its last checkpoint whole, and --resume from
   it ends exactly (bit for bit) where an uninterrupted 2-rank run ends: model, optimizer and
   every rank's RNG (real HF sampling, so rank 1's restored RNG decides its rollouts).
@@ -122,6 +124,15 @@ def one_and_two(tmp_path_factory):
     return one, two
 
 
+@pytest.fixture(scope="module")
+def one_and_fsdp(one_and_two, tmp_path_factory):
+    """One process (one_and_two's) against 2 ranks under --fsdp, on the same injected rollouts."""
+    fsdp = tmp_path_factory.mktemp("fsdp")
+    ok(launch(fsdp, 2, 2, {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"},
+              extra=["--fsdp", "--micro-batch-size", "3"]))
+    return one_and_two[0], fsdp
+
+
 # Tolerance: the 2-rank gradient is the same sum in another order (each rank's partial sum, then the
 # all-reduce) over rows padded to other lengths, so it matches to float32 rounding. With SGD at
 # lr 0.05 a step moves weights by up to ~1e-2 and the two runs differ by ~1e-8 (measured: 1.5e-7 at
@@ -153,6 +164,38 @@ def test_two_ranks_give_one_process_weights_tracker_and_next_allocation(one_and_
     assert [r["heldout_acc"] for r in e2] == [r["heldout_acc"] for r in e1] and len(e1) == 2
 
 
+def test_fsdp_two_ranks_give_one_process_weights_tracker_and_next_allocation(one_and_fsdp):
+    """FSDP2: each rank holds half of every weight; the gradient is reduce-scattered (summed) inside each
+    backward, and the checkpoint is gathered back to the one-process format (tied lm_head written once).
+    Same tolerance as the replicated run: the same sums in another order (measured: 1.2e-7 at step 2)."""
+    one, fsdp = one_and_fsdp
+    for step in (1, 2):
+        w1, w2 = weights(one, step), weights(fsdp, step)
+        assert w1.keys() == w2.keys()
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], atol=ATOL, rtol=0, msg=name)
+        assert trainer_state(fsdp, step)["tracker"] == trainer_state(one, step)["tracker"]
+    s1, s2 = log(one), log(fsdp)
+    assert [r["budgets"] for r in s2] == [r["budgets"] for r in s1] and len(set(s1[1]["budgets"])) > 1
+    for a, b in zip(s1, s2):
+        for key in ("loss", "grad_norm"):  # a mean over ranks (FSDP2's default) would halve grad_norm
+            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+    assert [r["heldout_acc"] for r in log(fsdp, "eval")] == [r["heldout_acc"] for r in log(one, "eval")]
+
+
+def test_fsdp_is_refused_without_torchrun_and_with_what_it_cannot_shard(tmp_path):
+    import train
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:  # one process: nothing to shard over
+        train.main(BASE + ["--steps", "1", "--output-dir", str(out), "--fsdp"])
+    assert str(e.value).startswith("error: --fsdp shards the model over torchrun's processes") and not out.exists()
+    for extra in (["--use-peft"], ["--optim", "adamw8bit"]):
+        with pytest.raises(SystemExit):  # argparse's one line (exit 2)
+            train.main(BASE + ["--steps", "1", "--output-dir", str(out), "--fsdp", *extra])
+        assert not out.exists()
+
+
 def test_each_rank_generates_only_its_whole_groups_balanced(one_and_two):
     _, two = one_and_two
     calls = [json.loads((two / f"calls-rank{r}.json").read_text()) for r in (0, 1)]
@@ -169,18 +212,22 @@ def test_each_rank_generates_only_its_whole_groups_balanced(one_and_two):
 # ----------------------------------------------------------------------------------------------
 # A killed rank, then --resume: the checkpoint is whole and the resumed run exact
 # ----------------------------------------------------------------------------------------------
-def test_killed_rank_leaves_checkpoint_whole_and_resume_is_exact(tmp_path):
+@pytest.mark.parametrize("sharding", [[], ["--fsdp"]], ids=["replicated", "fsdp"])
+def test_killed_rank_leaves_checkpoint_whole_and_resume_is_exact(sharding, tmp_path):
+    """AdamW (not SGD): under --fsdp the resumed moments are cut from the gathered full state
+    (dist.load_full_state), so a wrong shard or a lost moment breaks the bit-for-bit match."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    ok(launch(straight, 3, 2))
-    p = launch(killed, 3, 2, {"COBA_TEST_KILL_STEP": "3"})  # rank 1 dies as step 3 begins
+    ok(launch(straight, 3, 2, extra=sharding))
+    p = launch(killed, 3, 2, {"COBA_TEST_KILL_STEP": "3"}, extra=sharding)  # rank 1 dies as step 3 begins
     assert p.returncode != 0
     last = checkpoint.find_checkpoint(killed)
     assert last is not None and last.name == "checkpoint-2" and checkpoint.damage(last) is None
     assert len(trainer_state(killed, 2)["rank_rngs"]) == 2  # every rank's RNG is in it
-    p = launch(killed, 3, 1, extra=["--resume"])  # so one process cannot continue it exactly: one line says so
-    assert p.returncode != 0
-    assert "saved by 2 process(es) and this run has 1: resume with torchrun --nproc_per_node 2" in p.stderr
-    ok(launch(killed, 3, 2, extra=["--resume"]))
+    if not sharding:  # so one process cannot continue it exactly: one line says so
+        p = launch(killed, 3, 1, extra=["--resume"])
+        assert p.returncode != 0
+        assert "saved by 2 process(es) and this run has 1: resume with torchrun --nproc_per_node 2" in p.stderr
+    ok(launch(killed, 3, 2, extra=["--resume", *sharding]))
     for name, w in weights(straight, 3).items():  # bit for bit: same model, optimizer, RNG of each rank
         assert torch.equal(weights(killed, 3)[name], w), name
     drop = ("seconds", "step_seconds", "gen_seconds")
