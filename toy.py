@@ -348,6 +348,8 @@ RECIPES = {
 TOY_MODELS = tuple(RECIPES)  # the --model names train.py treats as the toy
 
 # SHA-256 of each committed model.safetensors (tests/test_toy.py checks the files against it).
+# toy-reason's was reproduced by `python toy.py --rebuild toy-reason` (one thread, 2026-12-06, on the
+# AMD EPYC that built it: "same as the committed lab/toy-reason", ~10 min beside a sweep).
 SHA256 = {
     "toy": "8e458e3a28fcee682f8f904d45aee797fc6566e06636bcd5289822f463638caa",
     "toy-strong": "b8704ffb97abc6b672c6d085c5db246d5069889d374f7b079aeecebc37c369a5",
