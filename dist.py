@@ -89,12 +89,22 @@ def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
         if backend == "nccl":
             torch.cuda.set_device(ranks.local_rank)
         tdist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+        global _STARTED
+        _STARTED = True
     return ranks
 
 
+_STARTED = False  # did init() start the process group (not vLLM's in-process engine, which starts its own)?
+
+
 def teardown() -> None:
-    if tdist.is_initialized():
+    """Destroy the process group init() started, and only that: vLLM's in-process CPU engine starts a
+    one-process group of its own and destroys it at exit (destroying it here made that exit print
+    "ValueError: Invalid process group specified")."""
+    global _STARTED
+    if _STARTED and tdist.is_initialized():
         tdist.destroy_process_group()
+    _STARTED = False
 
 
 def current() -> Ranks:
