@@ -934,7 +934,8 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(store[(a, s)])
     before = {p.name: p.read_bytes() for p in map(table_dir.joinpath, RESULTS_FILES) if p.is_file()}
     table_dir.mkdir(parents=True, exist_ok=True)
-    write_store(table_dir, store, jobs)
+    # a redraw keeps runs.jsonl's order (its --arms may list the table's arms in another order: issue 32)
+    write_store(table_dir, store, [] if args.plots_only else jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
     summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
     config = {"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
