@@ -187,6 +187,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     model.train()
     N_all = len(lengths)
     perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
+    sharded = dist.is_sharded(model)  # --fsdp (walks the modules: once per update, not per mini-batch)
     sums: dict[str, float] = {}
     gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
     for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
@@ -198,7 +199,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         # --fsdp: every rank runs as many micro-batches as the busiest (dist.py rule 2); a pad one
         # (s past the end) recomputes a row of this rank with weight 0, so it adds exact zeros.
         n_micro = -(-len(chunk) // micro)
-        if dist.is_sharded(model):
+        if sharded:
             n_micro = dist.max_over_ranks(n_micro)
         for s in range(0, n_micro * micro, micro):
             pad = s >= len(chunk)
@@ -227,7 +228,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
-        if not dist.is_sharded(model):  # --fsdp: the reduce-scatter in each backward summed them already
+        if not sharded:  # --fsdp: the reduce-scatter in each backward summed them already
             dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
         sums["grad_norm"] = dist.grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         optimizer.step()
