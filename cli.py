@@ -81,7 +81,7 @@ PRESETS = {
 FLAG_RANGES = {
     "eval_size": "[0, inf)", "train_size": "[1, inf)", "max_prompt_length": "[1, inf)",
     "prompts_per_step": "[1, inf)", "num_generations": "[1, inf)", "total_budget": "[1, inf)",
-    "min_budget": "[1, inf)", "max_budget": "[1, inf)",
+    "min_budget": "[1, inf)", "max_budget": "[1, inf)", "oracle_samples": "[1, inf)",
     "learning_rate": "[0, inf)", "warmup_lr_steps": "[0, inf)", "beta": "[0, inf)",
     "epsilon": "[0, 1)",  # the ratio is clipped at 1 - epsilon, which must stay > 0
     "epsilon_high": "[0, inf)", "num_mini_batches": "[1, inf)",
@@ -172,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(ours, not in the paper) each step first gives every prompt B_low rollouts and "
                         "updates its pass rate from them, then allocates the rest of the same B_total")
     g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
+    g.add_argument("--pass-rate-source", choices=["tracker", "oracle"], default="tracker",
+                   help="where the allocator's p_i comes from: tracker = the prompt's last visits (the paper); "
+                        "oracle = (ours, a diagnostic, never a method: issue 42) --oracle-samples fresh rollouts of "
+                        "the current policy per prompt before allocating, never trained on and not counted in "
+                        "the rollouts (logged apart as oracle_rollouts, oracle_seconds)")
+    g.add_argument("--oracle-samples", type=int, default=32,
+                   help="K, the oracle's rollouts per prompt (--pass-rate-source oracle)")
     add_arm_flags(ap)
     add_training_flags(ap)
     return ap
@@ -387,6 +394,9 @@ def check_arm_flags(args: argparse.Namespace, ap: argparse.ArgumentParser) -> No
     if args.dynamic_sampling and (args.allocator != "uniform" or args.probe or args.prompt_selection != "sampler"):
         ap.error("--dynamic-sampling is DAPO's arm: G rollouts for each of M prompts a block, so it takes "
                  "--allocator uniform, no --probe and --prompt-selection sampler")
+    if args.pass_rate_source == "oracle" and (args.allocator == "uniform" or args.probe or args.dynamic_sampling):
+        ap.error("--pass-rate-source oracle feeds the allocator's p_i: it takes --allocator coba, coba-released or "
+                 "knapsack, without --probe or --dynamic-sampling (they draw their own p_i)")
     for key in ("max_rollouts", "eval_every_rollouts"):  # every arm spends whole multiples of B_total
         value = getattr(args, key)
         if value is not None and value % args.total_budget:

@@ -99,7 +99,22 @@ ARMS = {
     "dapo": ["--allocator", "uniform", "--dynamic-sampling"],
     "mopps": ["--allocator", "uniform", "--prompt-selection", "mopps"],
     "mopps+coba": ["--allocator", "coba", "--prompt-selection", "mopps"],
+    # issue 42's diagnostics (ours, for analysis, never a method to recommend): the allocator is fed
+    # each prompt's current pass rate from K fresh rollouts that are neither trained on nor counted
+    "coba-oracle": ["--allocator", "coba", "--pass-rate-source", "oracle"],
+    "knapsack-oracle": ["--allocator", "knapsack", "--pass-rate-source", "oracle"],
+    # depth or breadth (issue 42): uniform GRPO at one B_total = M x G = 256, from deep to broad
+    **{f"uniform:M{M}xG{256 // M}": ["--allocator", "uniform", "--prompts-per-step", str(M),
+                                      "--num-generations", str(256 // M)] for M in (16, 32, 64, 128)},
 }
+# Flags of an arm that set the step's shape (M, G): placed after the sweep's regime flags too, so the
+# arm's value wins (train.py takes an option's last value) where the regime sets the same flag.
+SHAPE_FLAGS = ("--prompts-per-step", "--num-generations")
+
+
+def shape_overrides(arm: str) -> list[str]:
+    flags = ARMS[arm]
+    return [x for i in range(0, len(flags) - 1) if flags[i] in SHAPE_FLAGS for x in flags[i:i + 2]]
 # Equal rollouts, not equal steps: an arm whose update can cost more than B_total rollouts (DAPO's
 # refill) gets --max-rollouts = steps x B_total and --eval-every-rollouts = eval_every x B_total, so it
 # ends at the same total rollouts as the others, evaluated at the same rollout counts (fewer updates:
@@ -129,6 +144,14 @@ MODEL_REGIMES = {
                               "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "10"],
                        steps=40, eval_every=20),
 }
+# The paper's regime (Table 1, App. C, the released launch script), scaled to these CPUs (issue 42):
+# G = 16 rollouts a prompt on average with B_up = 128, a pool the run passes over 15 times (M 16 over
+# 128 prompts: 8 steps an epoch, 120 steps), seven evaluations on the 1,024 held-out problems. The
+# learning rate is the one calibrated for it (docs/results.md, "The paper's regime": uniform must not
+# fall back over the 120 steps).
+PAPER_REGIME_LR = "3e-4"
+PAPER_REGIME = ["--learning-rate", PAPER_REGIME_LR, "--train-size", "128", "--eval-size", "1024",
+                "--prompts-per-step", "16", "--num-generations", "16", "--max-budget", "128", "--save-every", "10"]
 PRESETS = {
     "headline": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe"],
                      seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
@@ -139,6 +162,12 @@ PRESETS = {
     "full": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe",
                        "coba:explore2exploit", "coba:linear-decay", "coba:fixed(10.5,1.5)", "coba:fixed(1.5,10.5)"],
                  seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
+    # issue 42: uniform GRPO at one B_total = 256 a step, (M, G) from (16, 16) to (128, 2), on toy-reason's regime
+    "breadth-depth": dict(arms=[f"uniform:M{M}xG{256 // M}" for M in (16, 32, 64, 128)], seeds=[0, 1, 2, 3, 4],
+                          steps=40, eval_every=20, model="toy-reason"),
+    # issue 42: the paper's regime scaled down (PAPER_REGIME), with the oracle diagnostic beside the arms
+    "paper-regime": dict(arms=["uniform", "coba", "coba-released", "knapsack", "dapo", "coba-oracle"],
+                         seeds=[0, 1, 2, 3, 4], steps=120, eval_every=20, model="toy-reason", flags=PAPER_REGIME),
 }
 QUICK_FLAGS = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32",
                "--eval-size", "32", "--max-budget", "12"]
@@ -197,7 +226,7 @@ def is_finished(run_dir: Path) -> bool:
 
 def train_argv(arm: str, seed: int, extra: list[str]) -> list[str]:
     """The train.py flags that define run (arm, seed) of this sweep (not where it writes)."""
-    return [*ARMS[arm], "--seed", str(seed), *extra, *equal_rollout_flags(arm, extra)]
+    return [*ARMS[arm], "--seed", str(seed), *extra, *equal_rollout_flags(arm, extra), *shape_overrides(arm)]
 
 
 def equal_rollout_flags(arm: str, extra: list[str]) -> list[str]:
@@ -328,7 +357,7 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
     run_dir = run_dir_for(out, arm, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [*TRAIN, *ARMS[arm], "--seed", str(seed), "--output-dir", str(run_dir), "--no-progress",
-           "--threads", "1", *extra, *equal_rollout_flags(arm, extra)]  # = train_argv's flags
+           "--threads", "1", *extra, *equal_rollout_flags(arm, extra), *shape_overrides(arm)]  # = train_argv's flags
     has_run = (run_dir / "log.jsonl").exists() or any(run_dir.glob("checkpoint-*"))
     if fresh and has_run:
         cmd.append("--overwrite")  # train.py deletes that run's log and checkpoints, nothing else
@@ -536,7 +565,33 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
         "updates": len(train), "blocks": sum(r.get("dapo_blocks", 1) for r in train),
         "alpha_t": [r["alpha_t"] for r in train], "F_t": [r["F_t"] for r in train],
         "signal_prompts": signal_prompts(train),
+        **hardest_level(evals, f"avg@{k}" if has_avg else "acc"),
+        **oracle_stats(train),
     }
+
+
+def hardest_level(evals: list[dict], metric: str) -> dict:
+    """The held-out set's hardest level (issue 42: the paper's gains are largest on its hardest
+    benchmarks): its level, problem count, the primary metric's curve and final value. The levels are
+    the lab's (toy-reason: level L has L + 2 addends); {} for logs without per-level records."""
+    levels = [r.get("heldout_by_level") for r in evals]
+    if not levels or None in levels:
+        return {}
+    hard = max(levels[0], key=int)
+    curve_ = [lv[hard][metric] for lv in levels]
+    return {"hard_level": int(hard), "hard_n": levels[0][hard]["n"], "hard": curve_, "final_hard": float(curve_[-1])}
+
+
+def oracle_stats(train: list[dict]) -> dict:
+    """--pass-rate-source oracle (issue 42): the oracle's rollouts (not trained on, not counted) and how far
+    the tracker's estimate (the last visit's, what coba allocates on) was from the oracle's current pass
+    rate: mean |p_stale - p_oracle| over the prompts seen before. {} for other arms."""
+    if not train or "oracle_rollouts" not in train[0]:
+        return {}
+    errors = [abs(a - b) for r in train for a, b in zip(r["stale_pass_rates"], r["pass_rates"]) if a is not None]
+    return {"oracle_rollouts": sum(r["oracle_rollouts"] for r in train),
+            "oracle_seconds": round(sum(r["oracle_seconds"] for r in train), 1),
+            "stale_error": float(np.mean(errors)) if errors else None}
 
 
 def signal_prompts(train: list[dict]) -> float | None:
@@ -573,7 +628,7 @@ def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
             g = np.array(r["greedy"])
             r = {**r, "metric": "greedy", "acc": r["greedy"], "final_acc": float(g[-1]), "start_acc": float(g[0]),
                  "auc": auc(np.array(r["rollouts"]), g)}
-        view.append({**r, "final_greedy": None, "final_pass": None, "pass_k": None})
+        view.append({**r, "final_greedy": None, "final_pass": None, "pass_k": None, "final_hard": None})
     return view, "greedy", note
 
 
@@ -599,7 +654,7 @@ def min_detectable(sd: float, n: int) -> float:
     return (t_quantile(T975, n - 1, 1.960) + t_quantile(T80, n - 1, 0.842)) * sd / math.sqrt(n)
 
 
-SECONDARY = ("final_greedy", "final_pass")  # per-run keys of the secondary metrics
+SECONDARY = ("final_greedy", "final_pass", "final_hard")  # per-run keys of the secondary metrics
 
 
 def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict], list[dict]]:
@@ -689,12 +744,14 @@ def _ci(d: dict) -> str:
 
 
 def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy", pass_k: int | None = None,
-                   footer: list[str] = ()) -> str:
+                   footer: list[str] = (), hard_label: str = "") -> str:
     """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
-    rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform)."""
+    rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform): greedy
+    accuracy, pass@k, and the primary metric on the held-out set's hardest level (issue 42)."""
     name = "greedy acc" if metric == "greedy" else metric
     diff = {d["arm"]: d for d in diffs}
-    extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"))
+    extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"),
+                                             ("final_hard", f"{name}, hardest level{hard_label}"))
              if summary and f"{key}_mean" in summary[0]]
     show_signal = bool(summary) and "signal_prompts_mean" in summary[0]  # see signal_prompts()
     # equal rollouts, not equal steps: where arms made different numbers of updates (DAPO), a column says so
@@ -753,6 +810,25 @@ def arm_notes(summary: list[dict]) -> list[str]:
     return lines
 
 
+def oracle_notes(runs: list[dict]) -> list[str]:
+    """Footer lines for the oracle arms (issue 42): what their oracle cost, beside the equal rollouts
+    (not trained on, not counted), and how stale the tracker's estimate was against it."""
+    by = {}
+    for r in runs:
+        if r.get("oracle_rollouts"):
+            by.setdefault(r["arm"], []).append(r)
+    lines = []
+    for arm, rs in by.items():
+        err = [r["stale_error"] for r in rs if r.get("stale_error") is not None]
+        lines.append(f"{arm} (a diagnostic, not a method): its oracle drew {np.mean([r['oracle_rollouts'] for r in rs]):.0f} "
+                     f"extra rollouts a run ({np.mean([r['oracle_seconds'] for r in rs]):.0f} s of generation), "
+                     "neither trained on nor counted in the equal rollouts; "
+                     + (f"the last visit's p_i, which coba allocates on, was off the oracle's by {np.mean(err):.3f} on "
+                        "average (mean |p_stale - p_oracle| over the prompts seen before)." if err else
+                        "no prompt had been seen before, so there is no stale estimate to hold against it."))
+    return lines
+
+
 def evaluation_noise(runs: list[dict], metric: str, n: int | None) -> list[str]:
     """Footer lines: the standard error of one evaluation over the held-out set. avg@k: the std of
     the per-problem means / sqrt(n), as train.py logs it (`heldout_avg@k_se`); without that log only
@@ -799,9 +875,9 @@ def parse_args(argv):
     ap.add_argument("--eval-samples", type=int, default=8,
                     help="k: the primary metric is held-out avg@k (k samples at T=1.0, top-p 0.9; paper: avg@16); "
                          "greedy accuracy and pass@k are secondary. 0: greedy only")
-    ap.add_argument("--model", default="toy",
-                    help="train.py's --model for every run (e.g. toy-strong); runs go to OUT/model-NAME/runs "
-                         "and tables to OUT/PRESET-NAME unless it is toy")
+    ap.add_argument("--model", default=None,
+                    help="train.py's --model for every run (e.g. toy-strong; default: the preset's, else toy); runs "
+                         "go to OUT/model-NAME/runs and tables to OUT/PRESET-NAME unless it is toy")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel, one torch thread each (2 cores: 2)")
     ap.add_argument("--out", default="results", help="runs/ go here; tables and plots in OUT/PRESET")
     ap.add_argument("--quick", action="store_true", help="tiny, for tests: 2 seeds, 6 steps, small pool")
@@ -812,10 +888,12 @@ def parse_args(argv):
                          "again from scratch (default: refuse)")
     args, train_flags = ap.parse_known_args(argv)
     preset = PRESETS[args.preset]
+    args.model = preset.get("model", "toy") if args.model is None else args.model
     args.arms = args.arms or list(preset["arms"])
     args.seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else list(preset["seeds"]))
     # explicit values always win (--steps 0 is an error below, never the preset's 100)
-    regime = {} if args.quick else MODEL_REGIMES.get(args.model, {})  # its steps and evaluations, if it has its own
+    # the steps and evaluations of the preset's own regime (breadth-depth, paper-regime), else the model's, if it has one
+    regime = {} if args.quick else preset if "model" in preset else MODEL_REGIMES.get(args.model, {})
     if args.steps is None:
         args.steps = 6 if args.quick else regime.get("steps", preset["steps"])
     if args.eval_every is None:
@@ -843,6 +921,10 @@ def parse_args(argv):
     tag = "" if args.model == "toy" else "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", args.model).strip("_")
     args.table_dir = out / (("quick" if args.quick else args.preset) + tag)
     args.runs_out = out / f"model{tag}" if tag else out  # runs of another model never meet the toy's
+    if "flags" in preset and not args.quick:  # a preset with its own regime: its runs never meet the others'
+        args.runs_out = out / f"model{tag}-{args.preset}"
+    args.regime_flags = (QUICK_FLAGS if args.quick else preset.get("flags")
+                         or MODEL_REGIMES.get(args.model, {}).get("flags", REGIME))
     for where in (args.table_dir, args.runs_out / "runs"):  # where tables and runs go: folders too
         paths.check_path("--out", str(where), "dir")
     return args, train_flags
@@ -868,8 +950,7 @@ def prepare_model(args) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args, train_flags = parse_args(argv)
     out = args.runs_out  # OUT, or OUT/model-NAME for another starting model
-    regime = QUICK_FLAGS if args.quick else MODEL_REGIMES.get(args.model, {}).get("flags", REGIME)
-    extra = [*regime, "--steps", str(args.steps), "--eval-every",
+    extra = [*args.regime_flags, "--steps", str(args.steps), "--eval-every",
              str(args.eval_every), "--eval-samples", str(args.eval_samples), "--model", args.model, *train_flags]
     jobs = [(a, s) for s in args.seeds for a in args.arms]
     table_dir = args.table_dir
@@ -950,9 +1031,12 @@ def main(argv: list[str] | None = None) -> dict:
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
     plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric)  # plots.py draws
     footer = (evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
-              + arm_notes(summary))
+              + arm_notes(summary) + oracle_notes(runs))
     pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)
-    table = markdown_table(summary, diffs, metric, pass_k, footer) if summary else "(no uniform runs: no table)"
+    hard = next(((r["hard_level"], r["hard_n"]) for r in runs if r.get("hard_level") is not None), None)
+    hard_label = f" (level {hard[0]}, n = {hard[1]})" if hard else ""
+    table = (markdown_table(summary, diffs, metric, pass_k, footer, hard_label) if summary
+             else "(no uniform runs: no table)")
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
     if args.plots_only:

@@ -110,7 +110,7 @@ def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_
 # ----------------------------------------------------------------------------------------------
 def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
     ranks = dist.current()  # under torchrun each rank evaluates every W-th problem; outcomes are gathered
-    records = records[ranks.rank::ranks.world_size]
+    all_records, records = records, records[ranks.rank::ranks.world_size]
     prompts = [format_prompt(r["question"], tokenizer, args) for r in records]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     answers = [r["answer"] for r in records]
@@ -127,9 +127,25 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
     many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
     sampled = verify.rewards(many, [a for a in answers for _ in range(k)], last_number_fallback=args.last_number_fallback)
     greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
+    correct = np.array(sampled, dtype=float).reshape(-1, k) if k > 0 else None  # (n, k)
+    result = accuracies(np.array(greedy, dtype=float), correct, k)
+    # Per difficulty level (issue 42): the paper's gains are largest on its hardest benchmarks, so a
+    # gain of an allocator would show first on the hardest level. Records carry "level" on the labs
+    # (toy-reason: level L = L + 2 addends); the gathered outcomes are in rank order, so the levels are too.
+    levels = [r.get("level") for w in range(ranks.world_size) for r in all_records[w::ranks.world_size]]
+    if levels and None not in levels:
+        levels = np.array(levels)
+        result["by_level"] = {str(L): {**accuracies(np.array(greedy, dtype=float)[levels == L],
+                                                    None if correct is None else correct[levels == L], k),
+                                       "n": int((levels == L).sum())}
+                              for L in sorted(set(levels.tolist()))}
+    return result
+
+
+def accuracies(greedy: np.ndarray, correct: np.ndarray | None, k: int) -> dict:
+    """acc (greedy, (n,) 0/1), and from the (n, k) sampled outcomes avg@k (+ its standard error) and pass@k."""
     result = {"acc": float(np.mean(greedy))}
-    if k > 0:
-        correct = np.array(sampled).reshape(-1, k)  # (n, k)
+    if correct is not None:
         per_problem = correct.mean(axis=1)  # (n,) each problem's share of right samples
         result[f"avg@{k}"] = float(per_problem.mean())  # mean accuracy over k samples (paper's avg@16)
         # Standard error over problems (the k samples of one problem are not independent draws of
@@ -429,15 +445,17 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     return record
 
 
-def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int) -> tuple[list, list[float]]:
-    """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,)."""
+def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int,
+                      seed: int | None = None) -> tuple[list, list[float]]:
+    """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,).
+    seed (vLLM's request seeds; HF draws from the global torch RNG): by default one per (step, round)."""
     args = run.args
     t_gen = time.time()
     with run.amp(), dist.gathered(run.model):  # --fsdp: whole weights while decoding (dist.py rule 1)
         completions = generate_groups(
             run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
             temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
-            generator=run.generator, seed=2 * (args.seed * 1_000_003 + roll.step) + round_,
+            generator=run.generator, seed=2 * (args.seed * 1_000_003 + roll.step) + round_ if seed is None else seed,
             logprobs_out=roll.sampler_lps.setdefault(round_, []), hf_logprobs=args.sampler_logps,
             share_prompt_prefill=args.shared_prompt_prefill)
     roll.gen_seconds += time.time() - t_gen
@@ -470,6 +488,28 @@ def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t
                                         "adaptive" if args.tau == "adaptive" else tau,
                                         solver=args.solver, knapsack_stats=knapsack_stats)
     return Allocation(pass_rates, seen, budgets, tau)
+
+
+def oracle_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, dict]:
+    """(ours, a diagnostic: --pass-rate-source oracle, issue 42) Each prompt's *current* pass rate,
+    p_i = successes / K over K = --oracle-samples fresh rollouts of the current policy, instead of the
+    last visit's (stale by an epoch, from as few as B_low samples). These rollouts are never trained on
+    and not counted in the run's rollouts: they are what a perfect estimate would cost, logged apart
+    (oracle_rollouts, oracle_seconds). They draw from their own RNG, seeded per step, and leave the
+    training RNG where it was, so the training rollouts are the ones the arm would draw without them.
+    Returns (p (M,), the log's fields, with the tracker's stale p_i beside the oracle's for comparison)."""
+    args, tracker = run.args, run.tracker
+    M, K = len(roll.prompt_idx), args.oracle_samples
+    own = StepRollouts(roll.step, roll.prompt_idx, roll.prompt_tok_m, roll.answers_m)  # own stats, kept apart
+    oracle_seed = (args.seed * 1_000_003 + roll.step) * 7 + 3  # not any (step, round)'s 2 x (...) + round
+    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+        torch.manual_seed(oracle_seed)
+        _, rewards = sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
+    p = np.add.reduceat(np.array(rewards, dtype=float), np.arange(0, M * K, K)) / K  # (M,)
+    return p, {"oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
+               # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
+               "stale_pass_rates": [round(float(q), 4) if seen else None for q, seen in
+                                    zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]}
 
 
 def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float):
@@ -607,7 +647,7 @@ def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
 def rl_step(run: Run, step: int) -> dict:
     """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
     args, tracker = run.args, run.tracker
-    t0, before, dyn = time.time(), run.counters["rollouts"], None
+    t0, before, dyn, oracle = time.time(), run.counters["rollouts"], None, {}
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
     if args.dynamic_sampling:  # DAPO's arm (a baseline): steps 1-4 in blocks until M groups carry signal
         roll, completion_ids, reward_list, lp_rows, dyn = dapo_rollouts(run, step)
@@ -621,8 +661,14 @@ def rl_step(run: Run, step: int) -> dict:
         if args.probe:  # (ours, not the paper) steps 2-4 with B_low probe rollouts per prompt first
             alloc, completion_ids, reward_list, lp_rows = probe_then_allocate(run, roll, alpha_t, beta_t)
         else:
-            alloc = allocate_step(args, tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx),
-                                  tracker.knapsack_stats(roll.prompt_idx), alpha_t, beta_t)
+            if args.pass_rate_source == "oracle":  # (ours, a diagnostic) p_i from K fresh rollouts, not trained on
+                p, oracle = oracle_pass_rates(run, roll)
+                M = len(p)
+                alloc = allocate_step(args, p, np.ones(M, dtype=bool), (p, np.full(M, args.oracle_samples)),
+                                      alpha_t, beta_t)
+            else:
+                alloc = allocate_step(args, tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx),
+                                      tracker.knapsack_stats(roll.prompt_idx), alpha_t, beta_t)
             # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
             alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
             share = dist.Share.of(alloc.budgets)
@@ -668,7 +714,7 @@ def rl_step(run: Run, step: int) -> dict:
         "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
         "gen_seconds": round(roll.gen_seconds, 3),
-        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **metrics,
+        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **oracle, **metrics,
     }
 
 
@@ -807,7 +853,8 @@ def main(argv: list[str] | None = None) -> dict:
         # read the gathered rewards, but untested; LoRA's random A would also need rank 0's broadcast).
         for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only),
                          ("--dynamic-sampling", args.dynamic_sampling), ("--use-peft", args.use_peft),
-                         ("--prompt-selection mopps", args.prompt_selection == "mopps")):
+                         ("--prompt-selection mopps", args.prompt_selection == "mopps"),
+                         ("--pass-rate-source oracle", args.pass_rate_source == "oracle")):
             if on:
                 raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
     if args.fsdp and not dist.launched_by_torchrun():
