@@ -19,12 +19,18 @@ And one figure of the method itself, from coba.py alone (no run): the README's p
 
     python plots.py --method-figure docs/beta_by_failure_rate.png
 
+And one of the mechanism over every committed sweep (issue 42; docs/results.md):
+    mechanism_figure         held-out gain against prompts carrying signal per step, a point a run
+
+    python plots.py --mechanism-figure docs/gain_vs_signal_prompts.png
+
 matplotlib with the Agg backend (files only; no display on CI), imported only when drawing, so
 `import plots` costs nothing. Test: tests/test_watch.py.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -367,6 +373,85 @@ def method_figure(path: Path, f_bars=METHOD_F_BARS, kappa: float = 11.0, gamma: 
     return _save(fig, Path(path))
 
 
+# ----------------------------------------------------------------------------------------------
+# The mechanism, over every committed sweep (issue 42)
+# ----------------------------------------------------------------------------------------------
+def committed_runs(results: Path) -> list[dict]:
+    """Every run summary in RESULTS/**/runs.jsonl that has a signal count, once each (a run reused by
+    two tables, e.g. uniform in a headline and its ablation, has the same curve in both), with its
+    lab (the sweep's --model, from compare.jsonl) and its table's folder."""
+    runs, seen = [], set()
+    for path in sorted(Path(results).rglob("runs.jsonl")):
+        config = {}
+        head = path.with_name("compare.jsonl")
+        if head.exists() and head.read_text().strip():
+            config = json.loads(head.read_text().splitlines()[0])
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("type") != "run" or r.get("signal_prompts") is None:
+                continue
+            lab = config.get("model", "toy")
+            key = (lab, r["arm"], tuple(r["rollouts"]), tuple(r["acc"]))
+            if key not in seen:
+                seen.add(key)
+                runs.append({**r, "lab": lab, "table": str(path.parent.relative_to(results))})
+    return runs
+
+
+def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
+    """One point a run: its held-out gain (final - start of its primary metric, avg@k) against the
+    prompts carrying signal per step (compare.signal_prompts: effective number of groups with a
+    non-zero advantage), coloured by arm, one panel per lab. If the ordering of the arms comes from
+    how many prompts carry the gradient, each panel's points fall on one rising band whatever the
+    arm. Returns the path and a line per lab with the rank correlation (Spearman) of the two."""
+    plt = _plt()
+    runs = committed_runs(results)
+    if not runs:
+        raise SystemExit(f"error: no run summaries with a signal count under {results}: pass the results folder")
+    labs = sorted({r["lab"] for r in runs}, key=lambda lab: (lab != "toy-reason", lab))
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    cmap = plt.get_cmap("tab20")  # its dark shades first, then the light ones: neighbours in `arms` stay apart
+    color = {arm: cmap((2 * i) % 20 + (2 * i // 20) % 2) for i, arm in enumerate(arms)}
+    markers = "osD^vP*Xh<>"
+    fig, axes = plt.subplots(1, len(labs), figsize=(4.6 * len(labs), 4.2), squeeze=False)
+    lines = []
+    for ax, lab in zip(axes[0], labs):
+        mine = [r for r in runs if r["lab"] == lab]
+        x = np.array([r["signal_prompts"] for r in mine])
+        y = np.array([r["final_acc"] - r["start_acc"] for r in mine])
+        tables = list(dict.fromkeys(r["table"] for r in mine))  # a marker per sweep (its regime)
+        for arm in dict.fromkeys(r["arm"] for r in mine):
+            for t, table in enumerate(tables):
+                pick = [i for i, r in enumerate(mine) if r["arm"] == arm and r["table"] == table]
+                if pick:
+                    ax.scatter(x[pick], y[pick], s=16, color=color[arm], marker=markers[t % len(markers)],
+                               label=arm if t == min(tables.index(r["table"]) for r in mine if r["arm"] == arm)
+                               else None, alpha=0.85)
+        for t, table in enumerate(tables):  # the markers' key, in black
+            ax.scatter([], [], color="black", marker=markers[t % len(markers)], s=16, label=table)
+        rho = _spearman(x, y)
+        ax.set(xlabel="prompts carrying signal per step (effective)", title=f"{lab}: {len(mine)} runs, Spearman {rho:+.2f}")
+        lines.append(f"{lab}: {len(mine)} runs from {len({r['table'] for r in mine})} tables, Spearman rho "
+                     f"(gain, signal prompts) {rho:+.2f}")
+        ax.legend(fontsize=6, loc="best", ncol=2)
+    axes[0][0].set_ylabel(f"held-out gain, final - start ({runs[0].get('metric', 'avg@k')})")
+    return _save(fig, Path(path)), lines
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Rank correlation (ties get their mean rank); nan for fewer than 3 points."""
+    if len(x) < 3:
+        return float("nan")
+    def ranks(v):
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        for u in np.unique(v):  # ties: mean rank
+            r[v == u] = r[v == u].mean()
+        return r
+    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+
+
 def plot_run_safely(run_dir) -> list[Path]:
     """train.py's end-of-run call: the run is finished and saved by now, so a figure that fails is
     reported in one line, not raised (`python plots.py RUN_DIR` redoes them)."""
@@ -384,9 +469,20 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--method-figure", metavar="PATH", default=None,
                     help="also draw eq. 5's density for a falling F_bar (eqs. 6-7) into PATH, from coba.py "
                          "alone: the README's picture (docs/beta_by_failure_rate.png)")
+    ap.add_argument("--mechanism-figure", metavar="PATH", default=None,
+                    help="draw held-out gain against prompts carrying signal per step, one point per committed "
+                         "run of every sweep under --results (issue 42), into PATH")
+    ap.add_argument("--results", default="results", help="where --mechanism-figure finds the sweeps' runs.jsonl")
     args = ap.parse_args(argv)
-    if not args.run_dirs and args.method_figure is None:
-        ap.error("pass RUN_DIR (a train.py --output-dir) or --method-figure PATH")
+    if not args.run_dirs and args.method_figure is None and args.mechanism_figure is None:
+        ap.error("pass RUN_DIR (a train.py --output-dir), --method-figure PATH or --mechanism-figure PATH")
+    if args.mechanism_figure is not None:
+        check_path("--mechanism-figure", args.mechanism_figure, "file")
+        check_path("--results", args.results, "dir", exists=True)
+        drawn, lines = mechanism_figure(Path(args.results), Path(args.mechanism_figure))
+        print(f"{drawn}: " + "; ".join(lines))
+        if args.method_figure is None and not args.run_dirs:
+            return [drawn]
     for d in args.run_dirs:  # every directory checked before any figure is drawn (paths.py)
         check_path("RUN_DIR", d, "dir", exists=True)
         check_path("RUN_DIR", str(Path(d) / "plots"), "dir")

@@ -208,3 +208,31 @@ def test_paper_regime_preset_is_the_scaled_paper_setting():
     assert set(compare.PRESETS["paper-regime"]["arms"]) >= {"uniform", "coba", "coba-released", "knapsack", "dapo",
                                                            "coba-oracle"}
     assert args.runs_out.name == "model-toy-reason-paper-regime"  # its runs never meet other sweeps' of the lab
+
+
+def test_mechanism_figure_takes_every_committed_run_once(tmp_path):
+    """plots.py --mechanism-figure: one point per run over every table under RESULTS; a run two tables
+    hold (uniform reused by an ablation) counts once; one panel per lab with its rank correlation."""
+    import plots
+
+    def table(folder: str, model: str, runs: list[tuple[str, int, float, float]]):
+        d = tmp_path / "results" / folder
+        d.mkdir(parents=True)
+        (d / "compare.jsonl").write_text(json.dumps({"type": "config", "model": model}) + "\n")
+        (d / "runs.jsonl").write_text("".join(json.dumps(
+            {"type": "run", "arm": arm, "seed": seed, "rollouts": [0, 8], "acc": [0.2, 0.2 + gain],
+             "start_acc": 0.2, "final_acc": 0.2 + gain, "signal_prompts": sig, "metric": "avg@8"}) + "\n"
+            for arm, seed, gain, sig in runs))
+
+    table("headline-toy-reason", "toy-reason", [("uniform", 0, 0.25, 21.0), ("coba", 0, 0.20, 11.0),
+                                                ("dapo", 0, 0.27, 32.0)])
+    table("ablation-toy-reason", "toy-reason", [("uniform", 0, 0.25, 21.0), ("coba:fixed(1.5,10.5)", 0, 0.10, 10.0)])
+    table("headline", "toy", [("uniform", 0, 0.05, 17.0), ("coba", 0, 0.04, 9.0), ("coba", 1, 0.045, 9.5)])
+    runs = plots.committed_runs(tmp_path / "results")
+    assert sorted((r["lab"], r["arm"]) for r in runs) == sorted(
+        [("toy-reason", "uniform"), ("toy-reason", "coba"), ("toy-reason", "dapo"),
+         ("toy-reason", "coba:fixed(1.5,10.5)"), ("toy", "uniform"), ("toy", "coba"), ("toy", "coba")])
+    path, lines = plots.mechanism_figure(tmp_path / "results", tmp_path / "fig.png")
+    assert path.stat().st_size > 0
+    assert lines[0].startswith("toy-reason: 4 runs from 2 tables, Spearman rho (gain, signal prompts) +1.00")
+    assert lines[1].startswith("toy: 3 runs from 1 tables, Spearman rho (gain, signal prompts) +1.00")
