@@ -164,7 +164,7 @@ PRESETS = {
                  seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
     # issue 42: uniform GRPO at one B_total = 256 a step, (M, G) from (16, 16) to (128, 2), on toy-reason's regime
     "breadth-depth": dict(arms=[f"uniform:M{M}xG{256 // M}" for M in (16, 32, 64, 128)], seeds=[0, 1, 2, 3, 4],
-                          steps=40, eval_every=20, model="toy-reason"),
+                          steps=40, eval_every=20, model="toy-reason", baseline="uniform:M16xG16"),  # deepest first
     # issue 42: the paper's regime scaled down (PAPER_REGIME), with the oracle diagnostic beside the arms
     "paper-regime": dict(arms=["uniform", "coba", "coba-released", "knapsack", "dapo", "coba-oracle"],
                          seeds=[0, 1, 2, 3, 4], steps=120, eval_every=20, model="toy-reason", flags=PAPER_REGIME),
@@ -744,7 +744,7 @@ def _ci(d: dict) -> str:
 
 
 def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy", pass_k: int | None = None,
-                   footer: list[str] = (), hard_label: str = "") -> str:
+                   footer: list[str] = (), hard_label: str = "", baseline: str = "uniform") -> str:
     """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
     rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform): greedy
     accuracy, pass@k, and the primary metric on the held-out set's hardest level (issue 42)."""
@@ -756,9 +756,9 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
     show_signal = bool(summary) and "signal_prompts_mean" in summary[0]  # see signal_prompts()
     # equal rollouts, not equal steps: where arms made different numbers of updates (DAPO), a column says so
     show_updates = len({s.get("updates_mean") for s in summary}) > 1
-    lines = [f"| arm | final {name} | AUC ({name}) | final {name} - uniform [95% CI] | AUC - uniform [95% CI] "
-             f"| rollouts to uniform's final {name}, ratio [95% CI] | "
-             + "".join(f"final {label} (- uniform [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
+    lines = [f"| arm | final {name} | AUC ({name}) | final {name} - {baseline} [95% CI] | AUC - {baseline} [95% CI] "
+             f"| rollouts to {baseline}'s final {name}, ratio [95% CI] | "
+             + "".join(f"final {label} (- {baseline} [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
              + (" prompts carrying signal per step (effective) |" if show_signal else "")
              + (" updates (same rollouts) |" if show_updates else ""),
              "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")
@@ -772,7 +772,7 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
             r = d["rollout_ratio"]
             ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
                      if r["geo_mean"] is not None else
-                     f"n/a: uniform starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
+                     f"n/a: {baseline} starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
                      else f"never on {r.get('never', '?')}/{r['n']} seeds")
             cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
             cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
@@ -1018,7 +1018,8 @@ def main(argv: list[str] | None = None) -> dict:
     # a redraw keeps runs.jsonl's order (its --arms may list the table's arms in another order: issue 32)
     write_store(table_dir, store, [] if args.plots_only else jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
-    summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
+    baseline = PRESETS[args.preset].get("baseline", "uniform")  # what every arm is paired against
+    summary, diffs = compare_arms(runs, baseline) if any(r["arm"] == baseline for r in runs) else ([], [])
     config = {"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
               "train_flags": extra, "arms": {a: ARMS[a] for a in dict.fromkeys([*args.arms, *(a for a, _ in carried)])},
               "seeds": args.seeds,
@@ -1029,14 +1030,14 @@ def main(argv: list[str] | None = None) -> dict:
         config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
-    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric)  # plots.py draws
+    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric, baseline)  # plots.py draws
     footer = (evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
               + arm_notes(summary) + oracle_notes(runs))
     pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)
     hard = next(((r["hard_level"], r["hard_n"]) for r in runs if r.get("hard_level") is not None), None)
     hard_label = f" (level {hard[0]}, n = {hard[1]})" if hard else ""
-    table = (markdown_table(summary, diffs, metric, pass_k, footer, hard_label) if summary
-             else "(no uniform runs: no table)")
+    table = (markdown_table(summary, diffs, metric, pass_k, footer, hard_label, baseline) if summary
+             else f"(no {baseline} runs: no table)")
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
     if args.plots_only:
