@@ -428,11 +428,12 @@ for i in range(4):
 # Now the whole loop (method.md §3): each step samples M prompts, allocates B_i from the tracker's
 # p_i and alpha_t, beta_t (Section 3), generates and rewards the rollouts, updates the tracker, and
 # takes the GRPO update of Section 4. We run it through `train.py`'s command line, as a student
-# would, in a subprocess, and redraw its log (`OUTPUT_DIR/log.jsonl`) while it runs. The shape is
-# shorter than the default `python train.py` so that it takes about a minute: the same step (M = 32
-# prompts x G = 8 rollouts), but 8 steps instead of 40, a 64-problem pool instead of 1,024 (so every
-# prompt is seen again from step 3, and CoBA has pass rates to allocate by), and held-out avg@8 (8
-# samples at T = 1.0, top-p 0.9, the paper's metric) on 128 problems instead of 512, before and after.
+# would, in a subprocess, and redraw its log (`OUTPUT_DIR/log.jsonl`) while it runs. The run is
+# shorter than the default `python train.py`, a minute or two on 2 cores (more on a busy machine):
+# the same step (M = 32 prompts x G = 8 rollouts), but 8 steps instead of 40, a 64-problem pool
+# instead of 1,024 (so every prompt is seen again from step 3, and CoBA has pass rates to allocate
+# by), and held-out avg@8 (8 samples at T = 1.0, top-p 0.9, the paper's metric) on 128 problems
+# instead of 512, before and after.
 #
 # Two things to watch. The training **reward** is a mean over rollouts, F_t a mean over prompts
 # (eq. 4): once CoBA allocates, and alpha_t > beta_t sends most rollouts to prompts it has seen
