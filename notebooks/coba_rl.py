@@ -57,7 +57,7 @@ def find_root(start: Path):
 
 
 START = Path.cwd()  # Jupyter starts a notebook in its own folder: notebooks/
-ROOT = find_root(START)
+ROOT = find_root(START) or find_root(START / "coba-rl")  # the checkout, or a clone made by an earlier run
 if ROOT is None:  # Colab: clone and install, once
     if not REPO_URL:
         raise SystemExit("set COBA_RL_REPO to the project's git URL (os.environ['COBA_RL_REPO'] = ...) and rerun")
@@ -135,21 +135,25 @@ GEN = dict(max_new_tokens=72, temperature=1.0, top_p=1.0, batch_size=512)  # the
 
 
 def slips(question: str, completion: str) -> list[int]:
-    """Steps (1-based) of a worked solution that add wrongly or do not carry the previous result on."""
+    """Steps (1-based) of a worked solution that add wrongly, miscopy an addend, do not carry the
+    previous partial sum on (`62+13=75,75+29=104`: step 2 must start from 75 and add 29), or are missing."""
     terms = [int(t) for t in question.rstrip("=").split("+")]
     bad, acc = [], terms[0]
     for k, step in enumerate(completion.split("####")[0].split(",")):
         m = re.fullmatch(r"(\d+)\+(\d+)=(\d+)", step)
-        if not m or int(m[1]) != acc or int(m[1]) + int(m[2]) != int(m[3]):
+        addend = terms[k + 1] if k + 1 < len(terms) else None
+        if not m or int(m[1]) != acc or int(m[2]) != addend or int(m[1]) + int(m[2]) != int(m[3]):
             bad.append(k + 1)
         acc = int(m[3]) if m else acc
-    return bad
+    steps = len(completion.split("####")[0].split(","))
+    return bad + list(range(steps + 1, len(terms)))  # and the steps it never wrote
 
 
 def show(problem: dict, completion: str, how: str) -> verify.Grade:
     g = verify.grade(completion, problem["answer"])  # the reward train.py gives (no last-number fallback)
+    wrong = slips(problem["question"], completion)
     print(f"  {how:7} {completion:58} -> {str(g.answer):>5} ({g.rule:5}) R = {g.reward:.0f}"
-          f"{'   slips at step ' + str(slips(problem['question'], completion)) if slips(problem['question'], completion) else ''}")
+          + (f"   slips at step {wrong}" if wrong else ""))
     return g
 
 
