@@ -475,6 +475,11 @@ def table_coverage(table_dir: Path) -> set:
             for s in r.get("seeds", [])}
 
 
+def table_order(table_dir: Path) -> list[str]:
+    """The arms in the order the existing compare.jsonl (and so table.md) lists them; [] without one."""
+    return [r["arm"] for r in read_jsonl(table_dir / "compare.jsonl") if r.get("type") == "summary"]
+
+
 def _pairs(keys) -> str:
     keys = sorted(keys)
     return ", ".join(f"{a} seed {s}" for a, s in keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
@@ -891,6 +896,12 @@ def main(argv: list[str] | None = None) -> dict:
                              f"or {table_dir / 'runs.jsonl'}: run the sweep first, or pass the --out/--preset "
                              "that holds it")
         reported = [k for k in jobs if k in have] + carried
+        # A redraw lists the arms in the order the table it redraws does, whatever order --arms gives:
+        # a plain `--plots-only` takes the preset's arms first, then the carried ones, and so wrote
+        # the rows of compare.jsonl and table.md in another order (issue 41). Arms the table does not
+        # report yet come last, in their own order (the sort is stable).
+        order = table_order(table_dir)
+        reported.sort(key=lambda k: order.index(k[0]) if k[0] in order else len(order))
     else:
         reported = jobs + carried
     dropped = coverage - set(reported)
