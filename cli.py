@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "from a file without a test split, at most a fifth of it")
     g.add_argument("--train-size", type=int, default=1024,
                    help="training pool size for the toy (revisited each epoch: pass rates need "
-                        "an earlier visit, method.md §3)")
+                        "an earlier visit, docs/method-sources.md §3)")
     g.add_argument("--prompt-template", default=None,
                    help="format of the user turn; toy: '{question}', else adds the \\boxed{} instruction")
     g.add_argument("--prompt-format", choices=["auto", "chat", "plain"], default="auto",
@@ -279,7 +279,8 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="replace the run already in OUTPUT_DIR: its log and checkpoint-<N> directories are "
                    "deleted once the new run's data and model have loaded (nothing else is)")
     g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (toy 1: faster, see docs/calibration.md)")
     g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
     g.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard weights, gradients and AdamW state over ranks with FSDP2 (for models "

@@ -40,9 +40,9 @@ Design (issue 12), so that a difference, if there is one, can be seen:
 
 Metrics (issue 19: the paper's metric first). The primary accuracy is held-out avg@k (k = 8 by
 `--eval-samples`: k samples per problem at T = 1.0, top-p 0.9, as the paper's avg@16), which sees
-learning that greedy accuracy misses (calibration.md); greedy accuracy and pass@k are secondary
+learning that greedy accuracy misses (docs/calibration.md); greedy accuracy and pass@k are secondary
 columns (final value, and its paired difference from uniform with a 95% CI). On the primary
-(calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is noisy, so
+(docs/calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is noisy, so
 there are three): final value; AUC (average over training: the trapezoid area under acc(rollouts)
 divided by its span); rollouts to first reach uniform's mean final value, and its ratio to
 uniform's on the same seed (geometric mean, CI on the log ratio; "n/a" where uniform starts at or

@@ -43,7 +43,7 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 # (toy seed 0) always was. (Before issue 25 it followed --seed.) --seed still orders the training.
 SPLIT_SEED = 0
 
-# The paper's Table 1 benchmarks (§3; method.md §5: avg@16 at T = 1.0, top-p 0.9), by name
+# The paper's Table 1 benchmarks (§3; docs/method-sources.md §5: avg@16 at T = 1.0, top-p 0.9), by name
 # (`--eval-datasets aime24 math500 ...`, or `paper` for all six). Each maps to one public hub copy,
 # read with datasets.load_dataset(hub, config, split=split); `question` and `answer` are its columns
 # as the hub loader returns them (the dataset card's features; the same columns the loaders of verl
@@ -442,7 +442,7 @@ def fit_prompt_length(train_set: list[dict], eval_sets: dict[str, list[dict]], t
 
 # ----------------------------------------------------------------------------------------------
 # Prompt order (step 1 of train.py's loop): epochs over a small pool, so pass rates come from an
-# earlier visit (method.md §3)
+# earlier visit (docs/method-sources.md §3)
 # ----------------------------------------------------------------------------------------------
 class PromptSampler:
     """Draws M distinct dataset indices per step, a fresh seeded permutation per epoch."""

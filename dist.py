@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 train.py --steps 20          # 2 processes (gloo on CPU, NCCL on GPU)
     python train.py --steps 20                               # one process: every helper here is a no-op
 
-What stays global and what is split (CoBA-RL, arXiv 2602.03048, method.md §3; docs/distributed.md):
+What stays global and what is split (CoBA-RL, arXiv 2602.03048, docs/method-sources.md §3; docs/distributed.md):
   - Global: the M prompts, the tracker (p_i, F_t, alpha_t, beta_t) and Algorithm 1's B_i. Every rank
     draws the same prompts (same seed) and allocates from the same tracker; rank 0's budgets are then
     broadcast (`broadcast_object`) so that float differences between machines can never split the run.

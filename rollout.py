@@ -1,6 +1,6 @@
 """Rollout backends for train.py: HF `generate` and colocated vLLM 0.32 (GPU, or its CPU build), plus `collate`.
 
-Step 3 of the CoBA-RL loop (arXiv 2602.03048, method.md §3): after Algorithm 1 has fixed each
+Step 3 of the CoBA-RL loop (arXiv 2602.03048, docs/method-sources.md §3): after Algorithm 1 has fixed each
 prompt's budget B_i, generate B_i completions for prompt i. GRPO then needs, per rollout row,
 the prompt's token ids and the completion's token ids laid out as one (N, P+T) batch: `collate`.
 

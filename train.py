@@ -4,7 +4,7 @@ CoBA-RL (Capability-Oriented Budget Allocation, arXiv 2602.03048) keeps GRPO's t
 budget B_total = M * G per step but hands it out unevenly: each prompt i gets B_i rollouts chosen to
 maximise sum_i V(B_i, p_i) (eq. 3), where V (eq. 9) weighs each prompt's pass rate p_i by a Beta
 density whose shape follows the model's global failure rate (eqs. 4-7) and saturates in B_i (eq. 8).
-One step of the loop below, in the order of method.md §3:
+One step of the loop below, in the order of docs/method-sources.md §3:
 
     1. sample M prompts                     (data.PromptSampler)
     2. allocate B_i from (p_i, alpha_t, beta_t, tau)   -> allocate.allocate_budgets  (Algorithm 1)
@@ -80,9 +80,9 @@ from rollout import VLLMGenerator, collate, decode, generate_groups, merge_group
 # ----------------------------------------------------------------------------------------------
 # The in-step probe (ours, beyond the paper: --probe)
 # ----------------------------------------------------------------------------------------------
-# The paper's allocator only knows a prompt's pass rate from an earlier visit (method.md §3): the
-# first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
-# escapes ("sticky zero", calibration.md). With --probe every prompt first gets B_low rollouts in
+# The paper's allocator only knows a prompt's pass rate from an earlier visit (docs/method-sources.md
+# §3): the first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
+# escapes ("sticky zero", docs/calibration.md). With --probe every prompt first gets B_low rollouts in
 # this step; the allocator then sees p_i pooled over those and the earlier visits, and hands out
 # the rest of the same B_total. Costs one extra generation round per step, no extra rollouts.
 def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
@@ -267,7 +267,7 @@ def nonfinite(metrics: dict, model) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The training loop: setup, then rl_step once per step (method.md §3), then the final evaluation
+# The training loop: setup, then rl_step once per step (docs/method-sources.md §3), then the final evaluation
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Run:
@@ -605,7 +605,7 @@ def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
 
 
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
+    """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record."""
     args, tracker = run.args, run.tracker
     t0, before, dyn = time.time(), run.counters["rollouts"], None
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)

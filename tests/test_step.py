@@ -1,4 +1,4 @@
-"""Golden step: train.py's loop wires coba/allocate/verify/grpo exactly as method.md §3 says.
+"""Golden step: train.py's loop wires coba/allocate/verify/grpo exactly as docs/method-sources.md §3 says.
 
 The parts (coba.py, grpo.py, allocate.py, verify.py) have their own tests; this file tests the
 wiring. Rollouts are injected: `train.generate_groups` is replaced by `FixedRollouts`, whose
@@ -95,7 +95,7 @@ class FixedRollouts:
 
 
 # ----------------------------------------------------------------------------------------------
-# What a correct step does (method.md §3): the single source of truth for the checks below
+# What a correct step does (docs/method-sources.md §3): the single source of truth for the checks below
 # ----------------------------------------------------------------------------------------------
 def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: int, args,
                  rollouts: FixedRollouts, records: list[dict]) -> dict:
