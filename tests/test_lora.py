@@ -8,7 +8,9 @@ What each test pins down, with the mutation it catches:
     plain model they give the policy's log-probs (a push of W alone, or of the wrong names);
   - 50 pushes leave a bf16 base bit-identical, where peft's merge/unmerge drifts it;
   - --resume continues exactly, and the final checkpoint's merged/ loads with plain transformers;
-  - train.py --use-peft (20 steps) and gpu_check.py --tiny --use-peft run; bad LoRA flags are one line.
+  - train.py --use-peft (20 steps) and gpu_check.py --tiny --use-peft run; bad LoRA flags are one line;
+  - a tied lm_head as a target is refused in one line (its update would reach neither vLLM nor merged/),
+    an untied one is pushed as W + s * B A.
 Tolerances: fp32 throughout; W x + s * B (A x) and (W + s * B A) x differ only in float
 association, ~1e-6 in a log-prob, so 1e-5 is the bound, far below what a missing delta gives (> 1e-2).
 """
@@ -263,3 +265,26 @@ def test_lora_flags_defaults_and_one_line_errors(toy_model_dir, tmp_path, capsys
         assert needle in capsys.readouterr().err
     with pytest.raises(SystemExit, match="error: --lora-target-modules no_such_proj: .*all-linear"):
         lora.wrap(base_model(toy_model_dir), lora_args(lora_target_modules=["no_such_proj"]))
+
+
+def test_a_tied_output_layer_is_refused_as_a_target_and_an_untied_one_is_pushed(toy_model_dir, tmp_path):
+    """Issue 41.3: the toy's lm_head is tied to embed_tokens. Wrapped, its update moves the policy's logits
+    but named_parameters lists the tied weight once, as embed_tokens, so vLLM and merged/ would get W
+    alone: one line refuses it, before any step. Untied, lm_head's W + s * B A reaches the engine."""
+    with pytest.raises(SystemExit, match=r"^error: --lora-target-modules lm_head q_proj: lm_head shares its weight "
+                                         r"with the input embedding .*drop lm_head from --lora-target-modules"):
+        lora.wrap(base_model(toy_model_dir), lora_args(lora_target_modules=["lm_head", "q_proj"]))
+    with pytest.raises(SystemExit) as e:  # the same line from the command line, before the first step
+        train.main(SMALL + ["--use-peft", "--lora-target-modules", "lm_head", "q_proj", "--steps", "1",
+                            "--output-dir", str(tmp_path)])
+    assert str(e.value).startswith("error: --lora-target-modules lm_head q_proj: lm_head shares") and "\n" not in str(e.value)
+    assert not (tmp_path / "log.jsonl").exists() and not list(tmp_path.glob("checkpoint-*"))  # nothing trained
+    # untied (its own copy of the weight): allowed, and the engine receives lm_head's W + s * B A
+    untied = base_model(toy_model_dir)
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    untied.config.tie_word_embeddings = False
+    policy_model = moved_adapter(lora.wrap(untied, lora_args(lora_target_modules=["lm_head", "q_proj"], lora_dropout=0.0)))
+    pushed = dict(lora.engine_weights(policy_model))
+    layer = lora.lora_layers(policy_model)["lm_head"]
+    torch.testing.assert_close(pushed["lm_head.weight"], layer.base_layer.weight.float() + lora.lora_delta(layer))
+    assert (pushed["lm_head.weight"] - pushed["model.embed_tokens.weight"]).abs().max() > 1e-3
