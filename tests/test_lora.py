@@ -12,7 +12,9 @@ What each test pins down, with the mutation it catches:
   - a tied lm_head as a target is refused in one line (its update would reach neither vLLM nor merged/),
     an untied one is pushed as W + s * B A.
 Tolerances: fp32 throughout; W x + s * B (A x) and (W + s * B A) x differ only in float
-association, ~1e-6 in a log-prob, so 1e-5 is the bound, far below what a missing delta gives (> 1e-2).
+association: ~1e-6 in a log-prob, up to 1.05e-5 measured on a trained adapter (log-probs near -7 to -17,
+where a float32 step is ~1e-6), so ASSOCIATION = 1e-4 is the bound, still 100x below what a missing
+delta gives (> 1e-2).
 """
 import copy
 import json
@@ -30,6 +32,7 @@ from test_rollout import FakeVLLM
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
 QUESTIONS = ["2+3=", "9*9=", "40-7=", "47*38="]
+ASSOCIATION = 1e-4  # |log-prob| gap of W x + s B (A x) against (W + s B A) x: float association only (docstring)
 
 
 def lora_args(**kw):
@@ -171,7 +174,7 @@ def test_engine_receives_w_plus_delta_under_base_names(fake_vllm, toy_model_dir)
     received, policy = logps(plain, batch), logps(policy_model, batch)
     print(f"max |log-prob gap|: received vs policy {(received - policy).abs().max():.2e}, "
           f"base vs policy {(base - policy).abs().max():.2e}")
-    assert (received - policy).abs().max() < 1e-5
+    assert (received - policy).abs().max() < ASSOCIATION
     assert (base - policy).abs().max() > 1e-2  # a push of W alone would be this far off
 
 
@@ -223,7 +226,7 @@ def test_resume_is_exact_and_the_final_merged_model_loads_without_peft(toy_model
     lora.load_adapter(policy_model, lora.read_adapter(ref_dir / "checkpoint-4"))
     policy_model.eval()
     batch = rows(toy_model_dir)
-    assert (logps(merged, batch) - logps(policy_model, batch)).abs().max() < 1e-5
+    assert (logps(merged, batch) - logps(policy_model, batch)).abs().max() < ASSOCIATION
     assert (logps(base_model(toy_model_dir), batch) - logps(policy_model, batch)).abs().max() > 1e-4  # it trained
     assert not (ref_dir / "checkpoint-2" / "merged").exists()  # only the run's end gets one
 
@@ -267,6 +270,7 @@ def test_lora_flags_defaults_and_one_line_errors(toy_model_dir, tmp_path, capsys
         lora.wrap(base_model(toy_model_dir), lora_args(lora_target_modules=["no_such_proj"]))
 
 
+@pytest.mark.filterwarnings("ignore:Model has .tie_word_embeddings=True.")  # peft's warning: what we refuse
 def test_a_tied_output_layer_is_refused_as_a_target_and_an_untied_one_is_pushed(toy_model_dir, tmp_path):
     """Issue 41.3: the toy's lm_head is tied to embed_tokens. Wrapped, its update moves the policy's logits
     but named_parameters lists the tied weight once, as embed_tokens, so vLLM and merged/ would get W
@@ -288,3 +292,4 @@ def test_a_tied_output_layer_is_refused_as_a_target_and_an_untied_one_is_pushed(
     layer = lora.lora_layers(policy_model)["lm_head"]
     torch.testing.assert_close(pushed["lm_head.weight"], layer.base_layer.weight.float() + lora.lora_delta(layer))
     assert (pushed["lm_head.weight"] - pushed["model.embed_tokens.weight"]).abs().max() > 1e-3
+
