@@ -730,7 +730,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 interrupt.requested, interrupt.signum = True, signal.SIGTERM
             if done % args.save_every == 0 or finished or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
-                                        run.tracker, run.sampler, args, run.counters)
+                                        run.tracker, run.sampler, args, run.counters, run_end=finished)
             if interrupt.requested:  # main exits 130 (Ctrl-C) or 143 (SIGTERM): the run did not finish
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 run.log.close()

@@ -293,3 +293,13 @@ def test_a_tied_output_layer_is_refused_as_a_target_and_an_untied_one_is_pushed(
     torch.testing.assert_close(pushed["lm_head.weight"], layer.base_layer.weight.float() + lora.lora_delta(layer))
     assert (pushed["lm_head.weight"] - pushed["model.embed_tokens.weight"]).abs().max() > 1e-3
 
+
+def test_merged_model_is_written_where_the_run_really_ends(toy_model_dir, tmp_path):
+    """Issue 41.4: a run that ends on --max-rollouts before --steps (as compare.py runs DAPO's arm) gets
+    merged/ in its last checkpoint, as one that reaches --steps does."""
+    # B_total = 8 x 4 = 32 a step: 64 rollouts end the run after step 2 of 4
+    summary = train.main(SMALL + ["--use-peft", "--steps", "4", "--max-rollouts", "64", "--save-every", "1",
+                                  "--output-dir", str(tmp_path)])
+    assert summary["step"] == 2 and summary["rollouts"] == 64
+    assert (tmp_path / "checkpoint-2" / "merged" / "model.safetensors").is_file()
+    assert not (tmp_path / "checkpoint-1" / "merged").exists()  # not an end: no merged model
