@@ -548,7 +548,12 @@ class MoPPSSampler:
 
 
 def check_candidates(args, n: int) -> None:
-    """MoPPS draws ratio x M distinct candidates a step from the n training problems: at most n."""
+    """MoPPS draws ratio x M distinct candidates a step from the n training problems, DAPO a block of
+    --gen-batch-size prompts: at most n."""
+    K = getattr(args, "gen_batch_size", None)
+    if getattr(args, "dynamic_sampling", False) and K is not None and K > n:
+        raise SystemExit(f"error: --gen-batch-size {K} prompts a DAPO block, more than the {n} training problems: "
+                         "lower --gen-batch-size or raise --train-size")
     if getattr(args, "prompt_selection", "sampler") == "mopps" and args.mopps_ratio * args.prompts_per_step > n:
         raise SystemExit(f"error: --mopps-ratio {args.mopps_ratio} x --prompts-per-step {args.prompts_per_step}"
                          f" = {args.mopps_ratio * args.prompts_per_step} candidates a step, more than the "

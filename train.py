@@ -24,7 +24,7 @@ this file: the command line, its flags, toy vs real-model presets and range chec
 and checking data files (data.py); and what makes a run safe to stop and resume: atomic
 checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
 The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_rollouts: blocks of
-M x G until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
+K x G, K = --gen-batch-size (M), until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
 from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
 LoRA (--use-peft, ours) is lora.py: setup wraps the model, and the KL reference is the base under
 the adapter.
@@ -504,31 +504,34 @@ def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
         raise SystemExit(f"error: {message}")
 
 
-def step_prompts(run: Run, step: int) -> StepRollouts:
+def step_prompts(run: Run, step: int, n: int | None = None) -> StepRollouts:
     """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
-    --prompt-selection), tokenised once per prompt (not per rollout)."""
+    --prompt-selection), tokenised once per prompt (not per rollout). n: another count (a DAPO block)."""
     args = run.args
-    prompt_idx = run.sampler.next(args.prompts_per_step)
+    prompt_idx = run.sampler.next(n or args.prompts_per_step)
     prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
     return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
                         [run.train_set[j]["answer"] for j in prompt_idx], prompts)
 
 
 def dapo_rollouts(run: Run, step: int):
-    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of M prompts x G
-    rollouts, each the next M prompts of the order uniform GRPO's steps take, until M groups carry
-    signal (or the block limit). Returns the kept groups as (StepRollouts, completion ids, rewards,
-    sampler log-probs) and the DynamicBatch. Block b of the run samples with uniform's step-b seed."""
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of K prompts x G
+    rollouts (K = --gen-batch-size, verl's data.gen_batch_size; default M), each the next K prompts of
+    the order uniform GRPO's steps take, until M groups carry signal (or the block limit). Returns the
+    kept groups as (StepRollouts, completion ids, rewards, sampler log-probs) and the DynamicBatch.
+    Block b of the run samples with uniform's step-b seed (at K = M, also its step-b prompts)."""
     args, M = run.args, run.args.prompts_per_step
-    budgets = allocate.uniform_budgets(M, args.total_budget)  # G each (B_total = M * G)
+    K = args.gen_batch_size or M
+    budgets = allocate.uniform_budgets(K, K * args.total_budget // M)  # G each (B_total = M * G; cli checks K B_total / M)
     ends = np.cumsum(budgets).tolist()
-    limit = args.max_num_gen_batches
+    limit = args.max_num_gen_batches if args.max_num_gen_batches > 0 else None  # verl: 0 or less is no limit
     if args.max_rollouts is not None:  # departure (2): no more blocks than the rollout budget has left
-        limit = min(limit, (args.max_rollouts - run.counters["rollouts"]) // args.total_budget)
+        left = (args.max_rollouts - run.counters["rollouts"]) // sum(budgets)
+        limit = left if limit is None else min(limit, left)
     vstats, seconds = verify.VerifyStats(), []
 
     def next_block(b: int) -> list:
-        roll = step_prompts(run, run.counters.get("blocks", 0) + b)
+        roll = step_prompts(run, run.counters.get("blocks", 0) + b, K)
         roll.vstats = vstats
         ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
         lps = roll.sampler_lps[0]
