@@ -411,7 +411,9 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
     # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
     # model, not by the sampling noise (common random numbers).
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
+    # Only this rank's own device (cuda:LOCAL_RANK under torchrun; --device's) is saved and restored:
+    # None would save every visible GPU's RNG, initialising CUDA on each from every rank (issue 41).
+    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
         torch.manual_seed(run.args.seed)
         dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
@@ -607,6 +609,17 @@ def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
             "zero_signal_rollouts": zero_rollouts, **extra}
 
 
+def over_ranks(roll: StepRollouts) -> dict:
+    """The step's generation time and verifier counts over every rank, like the rest of its record
+    (rank 0's own alone before issue 41). A collective: every rank calls it. verify_timeouts and
+    verify_errors are SUMMED: each rank verified only its own rows, so the sum counts each rollout
+    once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
+    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
+    parts = dist.gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
+    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
+            "verify_errors": sum(p[2] for p in parts)}
+
+
 def rl_step(run: Run, step: int) -> dict:
     """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record."""
     args, tracker = run.args, run.tracker
@@ -670,8 +683,7 @@ def rl_step(run: Run, step: int) -> dict:
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
         "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
-        "gen_seconds": round(roll.gen_seconds, 3),
-        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **metrics,
+        **over_ranks(roll), **metrics,
     }
 
 

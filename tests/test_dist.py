@@ -117,7 +117,7 @@ def test_share_rows_and_local_rows():
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def one_and_two(tmp_path_factory):
-    env = {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"}  # SGD: see tests/dist_worker.py
+    env = {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1", "COBA_TEST_VERIFY_COUNTS": "1"}  # tests/dist_worker.py
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
     ok(launch(one, 2, 1, env))
     ok(launch(two, 2, 2, env))
@@ -128,7 +128,7 @@ def one_and_two(tmp_path_factory):
 def one_and_fsdp(one_and_two, tmp_path_factory):
     """One process (one_and_two's) against 2 ranks under --fsdp, on the same injected rollouts."""
     fsdp = tmp_path_factory.mktemp("fsdp")
-    ok(launch(fsdp, 2, 2, {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"},
+    ok(launch(fsdp, 2, 2, {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1", "COBA_TEST_VERIFY_COUNTS": "1"},
               extra=["--fsdp", "--micro-batch-size", "3"]))
     return one_and_two[0], fsdp
 
@@ -159,6 +159,10 @@ def assert_same_as_one_process(one: Path, two: Path) -> None:
             assert b[key] == a[key], key
         for key in ("loss", "grad_norm"):  # the summed gradient, not the mean: grad_norm would halve
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+        # the verifier's counts are every rank's (dist_worker: rank r counts r + 1 timeouts and 10 (r + 1)
+        # errors a sampling call), not rank 0's alone (issue 41.6)
+        assert (a["verify_timeouts"], a["verify_errors"]) == (1, 10)
+        assert (b["verify_timeouts"], b["verify_errors"]) == (1 + 2, 10 + 20)
     # the held-out evaluation, split over ranks (problems 0, 2, 4, 6 and 1, 3, 5, 7) and gathered:
     # greedy on the same weights, so the same accuracy over all 8 problems as one process's
     e1, e2 = log(one, "eval"), log(two, "eval")
@@ -228,3 +232,42 @@ def test_killed_rank_leaves_checkpoint_whole_and_resume_is_exact(sharding, tmp_p
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [{k: v for k, v in r.items() if k not in drop} for r in b] == \
         [{k: v for k, v in r.items() if k not in drop} for r in a]
+
+
+# ----------------------------------------------------------------------------------------------
+# What a step record and an evaluation take from each rank (issue 41.6), in one process
+# ----------------------------------------------------------------------------------------------
+def test_step_record_sums_verifier_counts_and_takes_the_slowest_generation(monkeypatch):
+    """over_ranks on 2 ranks' (gen_seconds, timeouts, errors), faked as dist.gather_object returns them:
+    the counts add up (each rank verified its own rows), the generation time is the slowest rank's."""
+    import train
+    import verify
+
+    mine = train.StepRollouts(0, [], [], [], vstats=verify.VerifyStats(timeouts=1, errors=0), gen_seconds=1.25)
+    other = (2.5, 3, 2)  # rank 1's (gen_seconds, timeouts, errors)
+    monkeypatch.setattr(dist, "gather_object", lambda obj: [obj, other])
+    assert train.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
+
+
+def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
+    """run_eval's fork_rng touches this rank's device alone (cuda:1 here), not every visible GPU; on
+    CPU none. A stand-in fork_rng records what it is asked; no GPU is needed."""
+    import contextlib
+    import types
+
+    import train
+
+    asked = []
+
+    @contextlib.contextmanager
+    def fork_rng(devices=None, **kw):
+        asked.append(list(devices) if devices is not None else None)
+        yield
+
+    monkeypatch.setattr(torch.random, "fork_rng", fork_rng)
+    run = types.SimpleNamespace(args=types.SimpleNamespace(seed=0, eval_samples=0), counters={"rollouts": 0},
+                                eval_sets={}, device=torch.device("cuda", 1), write=lambda record: None)
+    train.run_eval(run, 0)
+    run.device = torch.device("cpu")
+    train.run_eval(run, 0)
+    assert asked == [[torch.device("cuda", 1)], []]
