@@ -180,9 +180,11 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
     with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
         # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
-        if args.num_mini_batches > 1 and old_logps is None:
+        # (N = 0: a torchrun rank that owns no group this step, with fewer prompts than ranks: nothing
+        # to compute; it still joins every collective below with zero gradients.)
+        if args.num_mini_batches > 1 and old_logps is None and N:
             old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None:
+        if ref_model is not None and N:
             ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
     model.train()
     N_all = len(lengths)

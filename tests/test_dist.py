@@ -193,6 +193,32 @@ def test_fsdp_is_refused_without_torchrun_and_with_what_it_cannot_shard(tmp_path
         assert not out.exists()
 
 
+def test_fewer_prompts_than_ranks_train_as_one_process(tmp_path):
+    """Issue 41.1: --prompts-per-step 1 on 2 ranks (without --fsdp). Rank 1 owns no group and no
+    held-out problem; it still joins every collective (the gathers, the gradient all-reduce, the
+    metric sums: it has none of the loss's metrics) and verifies nothing, and the run gives one
+    process's weights, tracker, records and evaluation (it used to stop in verify.py on rank 1:
+    "1 completions but 0 answers", then hang in the metric all-reduce)."""
+    env, extra = {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"}, ["--prompts-per-step", "1", "--eval-size", "1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    ok(launch(one, 2, 1, env, extra))
+    ok(launch(two, 2, 2, env, extra))
+    for step in (1, 2):
+        w1, w2 = weights(one, step), weights(two, step)
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], atol=ATOL, rtol=0, msg=name)
+        assert trainer_state(two, step)["tracker"] == trainer_state(one, step)["tracker"]
+    s1, s2 = log(one), log(two)
+    assert len(s1) == len(s2) == 2 and [len(r["budgets"]) for r in s1] == [1, 1]
+    assert [r["rank_rollouts"] for r in s2] == [[r["budgets"][0], 0] for r in s1]  # rank 1: nothing to do
+    for a, b in zip(s1, s2):
+        for key in ("prompt_idx", "budgets", "reward", "F_t", "completion_tokens", "rollouts", "verify_errors"):
+            assert b[key] == a[key], key
+        for key in ("loss", "grad_norm", "ratio_mean", "entropy"):  # a rank without rows adds 0 to each
+            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+    assert [r["heldout_acc"] for r in log(two, "eval")] == [r["heldout_acc"] for r in log(one, "eval")]
+
+
 def test_each_rank_generates_only_its_whole_groups_balanced(one_and_two):
     _, two = one_and_two
     calls = [json.loads((two / f"calls-rank{r}.json").read_text()) for r in (0, 1)]
