@@ -226,7 +226,10 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
                 loss_type=args.loss_type, max_completion_length=args.max_completion_length,
                 normalizer=normalizer, entropy=entropy, token_weights=is_weights)
             loss.backward()
-            w = len(rows) / N_all  # metrics averaged over rows of the whole batch (all ranks)
+            # Token means (ratio, clip, kl, entropy) weighted by this micro-batch's share of the step's tokens,
+            # all ranks' (lengths): their sum is the token mean over the whole step however its rows are
+            # split into micro-batches and ranks. (Weighted by rows, the split changed them: issue 41.)
+            w = float(cmask[rows].sum()) / max(float(lengths.sum()), 1.0)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches

@@ -157,7 +157,10 @@ def assert_same_as_one_process(one: Path, two: Path) -> None:
         for key in ("reward", "F_t", "alpha_t", "beta_t", "tau", "pass_rates", "completion_tokens", "rollouts",
                     "zero_signal_groups"):
             assert b[key] == a[key], key
-        for key in ("loss", "grad_norm"):  # the summed gradient, not the mean: grad_norm would halve
+        # the summed gradient, not the mean: grad_norm would halve; each rank's metrics weighted by its
+        # share of the whole batch's rows, then added over ranks (issue 41.8: weights by the rank's own
+        # rows doubled ratio_mean on 2 ranks, and no test saw it)
+        for key in ("loss", "grad_norm", "ratio_mean", "clip_frac", "entropy", "kl", "num_tokens"):
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
         # the verifier's counts are every rank's (dist_worker: rank r counts r + 1 timeouts and 10 (r + 1)
         # errors a sampling call), not rank 0's alone (issue 41.6)
@@ -297,3 +300,4 @@ def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
     run.device = torch.device("cpu")
     train.run_eval(run, 0)
     assert asked == [[torch.device("cuda", 1)], []]
+
