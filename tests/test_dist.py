@@ -157,9 +157,9 @@ def assert_same_as_one_process(one: Path, two: Path) -> None:
         for key in ("reward", "F_t", "alpha_t", "beta_t", "tau", "pass_rates", "completion_tokens", "rollouts",
                     "zero_signal_groups"):
             assert b[key] == a[key], key
-        # the summed gradient, not the mean: grad_norm would halve; each rank's metrics weighted by its
-        # share of the whole batch's rows, then added over ranks (issue 41.8: weights by the rank's own
-        # rows doubled ratio_mean on 2 ranks, and no test saw it)
+        # the summed gradient, not the mean: grad_norm would halve; each rank's token means weighted by
+        # its micro-batches' share of the step's tokens (all ranks'), then added over ranks: one process's
+        # token means (issue 41.8: weighted by rows, 2 ranks logged another ratio_mean, and no test saw it)
         for key in ("loss", "grad_norm", "ratio_mean", "clip_frac", "entropy", "kl", "num_tokens"):
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
         # the verifier's counts are every rank's (dist_worker: rank r counts r + 1 timeouts and 10 (r + 1)
@@ -301,3 +301,67 @@ def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
     train.run_eval(run, 0)
     assert asked == [[torch.device("cuda", 1)], []]
 
+
+def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_dir):
+    """Rank r > 0 reseeds torch with seed * 1_000_003 + r once setup has loaded the model (its HF rollouts
+    are its own draws, not rank 0's again), and inside every evaluation; rank 0 keeps --seed, so one
+    process is unchanged. In one process, with dist.current() standing in for rank 0 and rank 1 of 2;
+    a stand-in evaluation records the draws it would sample from."""
+    import train
+
+    def draws(rank: int):
+        monkeypatch.setattr(dist, "current", lambda: dist.Ranks(rank, 2, rank))
+        out = tmp_path / f"rank{rank}"
+        out.mkdir()
+        ap = train.build_parser()
+        args = train.resolve_args(ap.parse_args(BASE + ["--steps", "1", "--seed", "3", "--output-dir", str(out)]), ap)
+        seen = []
+        monkeypatch.setattr(train, "evaluate", lambda *a, **k: seen.append(torch.rand(2)) or {"acc": 0.0})
+        run, _ = train.setup(args, out, None)  # its step-0 evaluation included
+        train.run_eval(run, 1)
+        return torch.rand(2), seen  # the next draw of training (HF sampling), and the evaluations'
+
+    def seeded(seed: int) -> torch.Tensor:
+        return torch.rand(2, generator=torch.Generator().manual_seed(seed))
+
+    for rank, seed in ((0, 3), (1, 3 * 1_000_003 + 1)):
+        train_draw, eval_draws = draws(rank)
+        assert torch.equal(train_draw, seeded(seed)), rank
+        assert len(eval_draws) == 2 and all(torch.equal(d, seeded(seed)) for d in eval_draws), rank
+
+
+def test_policy_update_adds_its_metrics_and_the_vllm_gap_over_ranks(monkeypatch, toy_model_dir):
+    """policy_update hands its metric sums (grad_norm aside: the same on every rank) and the vLLM gap's
+    three sums to dist.all_reduce_sums. A stand-in reduction adds what another rank would have: the
+    record's loss gains it, and the gap is the ratio of the summed sums (not this rank's own ratio)."""
+    import train
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rollout
+
+    tok = AutoTokenizer.from_pretrained(toy_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(toy_model_dir)
+    prompts = [tok(q, add_special_tokens=False)["input_ids"] for q in ["2+3=", "9*9=", "40-7=", "47*38="]]
+    completions = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in ["5", "81", "33", "1786"]]
+    ids, attn, cmask = rollout.collate(prompts, completions, tok.pad_token_id)
+    ap = train.build_parser()
+    args = train.resolve_args(ap.parse_args(["--model", "toy", "--num-mini-batches", "1", "--no-progress"]), ap)
+    batch = {"input_ids": ids, "attention_mask": attn, "completion_mask": cmask,
+             "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0]), "sampler_logps": torch.full(cmask.shape, -2.0)}
+    other = {"loss": 10.0, 0: 3.0, 1: 5.0, 2: 0.0}  # another rank's loss share and gap sums (|gap| 3 over 5 tokens)
+    seen = []
+
+    def all_reduce_sums(sums, keep=()):
+        seen.append(sorted(map(str, sums)))
+        return {k: v + (other.get(k, 0.0) if k not in keep else 0.0) for k, v in sums.items()}
+
+    monkeypatch.setattr(dist, "all_reduce_sums", all_reduce_sums)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    with torch.no_grad():
+        mine = train.grpo.per_token_logps(model, ids, attn, cmask.shape[1])  # (4, T): the trainer's log-probs
+    own_gap, own_tokens = float(((mine + 2.0).abs() * cmask).sum()), float(cmask.sum())
+    metrics = train.policy_update(model, optimizer, scheduler, batch, args)
+    assert len(seen) == 2 and "grad_norm" in seen[0]  # the metrics, then the gap's sums
+    assert metrics["vllm_logp_gap"] == pytest.approx((own_gap + 3.0) / (own_tokens + 5.0), rel=1e-5)
+    assert metrics["loss"] > 9.0  # this rank's loss (|loss| << 1 here) plus the other rank's 10

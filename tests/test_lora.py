@@ -303,3 +303,37 @@ def test_merged_model_is_written_where_the_run_really_ends(toy_model_dir, tmp_pa
     assert summary["step"] == 2 and summary["rollouts"] == 64
     assert (tmp_path / "checkpoint-2" / "merged" / "model.safetensors").is_file()
     assert not (tmp_path / "checkpoint-1" / "merged").exists()  # not an end: no merged model
+
+
+def test_no_grad_forwards_run_in_eval_mode_and_the_update_in_train_mode(toy_model_dir, tmp_path, monkeypatch):
+    """With LoRA's dropout (0.05) the mode matters: generation (which records the sampler's log-probs),
+    the old policy's and the reference's log-probs and the evaluation must run without dropout (eval
+    mode), the loss's forwards with it (train mode). A hook records the mode of every forward of a
+    2-step run whose old log-probs come from a no-grad forward (--no-sampler-logps) and with a KL term."""
+    modes = []
+    real = train.load_model_and_tokenizer
+
+    def load(*a, **k):
+        model, tok, path = real(*a, **k)
+        model.register_forward_pre_hook(lambda m, _: modes.append((torch.is_grad_enabled(), m.training)))
+        return model, tok, path
+
+    monkeypatch.setattr(train, "load_model_and_tokenizer", load)
+    spans = []
+    real_update = train.policy_update
+
+    def update(*a, **k):  # which forwards belong to the update (the rest: generation and evaluation)
+        start = len(modes)
+        out = real_update(*a, **k)
+        spans.append((start, len(modes)))
+        return out
+
+    monkeypatch.setattr(train, "policy_update", update)
+    train.main(SMALL + ["--use-peft", "--steps", "2", "--num-mini-batches", "2", "--no-sampler-logps", "--beta", "0.04",
+                        "--output-dir", str(tmp_path)])
+    assert len(spans) == 2
+    inside = [modes[i] for s, e in spans for i in range(s, e)]
+    outside = [m for i, m in enumerate(modes) if not any(s <= i < e for s, e in spans)]
+    assert inside.count((False, False)) >= 4 and inside.count((True, True)) >= 4  # pi_old and pi_ref; the loss
+    assert set(inside) == {(False, False), (True, True)}, set(inside)  # no-grad: eval mode; with grad: train mode
+    assert outside and set(outside) == {(False, False)}  # generation and evaluation: no grad, eval mode

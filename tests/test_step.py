@@ -82,7 +82,7 @@ class FixedRollouts:
         return [-0.3 - 0.4 * (t % 4) for t in range(n)]
 
     def __call__(self, model, tokenizer, prompt_ids, budgets, *, max_new_tokens, logprobs_out=None, **kw):
-        self.calls.append({"budgets": list(budgets), "greedy": kw.get("greedy", False)})
+        self.calls.append({"budgets": list(budgets), "greedy": kw.get("greedy", False), "seed": kw.get("seed")})
         out = []
         for p, B in zip(prompt_ids, budgets):
             key = self.by_question.get(self.tok.decode(p, skip_special_tokens=True))
