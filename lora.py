@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import warnings
 from pathlib import Path
 
 import torch
@@ -75,7 +76,9 @@ def wrap(model, args):
     from peft.tuners.lora.layer import Linear
 
     try:
-        model.add_adapter(lora_config(args), adapter_name=ADAPTER)
+        with warnings.catch_warnings():  # peft's warning on a tied target: refused below in one line instead
+            warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True` and a tied layer")
+            model.add_adapter(lora_config(args), adapter_name=ADAPTER)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise SystemExit(f"error: --lora-target-modules {' '.join(args.lora_target_modules)}: {first}: "

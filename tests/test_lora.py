@@ -270,7 +270,7 @@ def test_lora_flags_defaults_and_one_line_errors(toy_model_dir, tmp_path, capsys
         lora.wrap(base_model(toy_model_dir), lora_args(lora_target_modules=["no_such_proj"]))
 
 
-@pytest.mark.filterwarnings("ignore:Model has .tie_word_embeddings=True.")  # peft's warning: what we refuse
+@pytest.mark.filterwarnings("error:Model has .tie_word_embeddings=True.")  # peft's warning: silenced, we refuse
 def test_a_tied_output_layer_is_refused_as_a_target_and_an_untied_one_is_pushed(toy_model_dir, tmp_path):
     """Issue 41.3: the toy's lm_head is tied to embed_tokens. Wrapped, its update moves the policy's logits
     but named_parameters lists the tied weight once, as embed_tokens, so vLLM and merged/ would get W
