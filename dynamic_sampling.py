@@ -3,8 +3,9 @@
 A GRPO group whose G rewards are all equal (all right or all wrong) has zero advantage and adds no
 gradient: DAPO "over-samples and filters out prompts with the accuracy equal to 1 and 0". The
 released recipe (verl `algorithm.filter_groups`, recipe/dapo `dapo_ray_trainer.py`) does it in
-blocks: generate M prompts x G rollouts, keep the groups whose rewards have std > 0, and generate
-another block of the next M prompts until M groups are kept; the first M kept groups, in
+blocks: generate K prompts x G rollouts (K = verl's data.gen_batch_size, our --gen-batch-size:
+3 x M in the DAPO recipe, M by default here), keep the groups whose rewards have std > 0, and
+generate another block of the next K prompts until M groups are kept; the first M kept groups, in
 generation order, make the batch, and the surplus is dropped. Every rollout generated counts as
 spent, the dropped ones included: that is DAPO's price for a batch with no zero-signal group, and
 what compare.py's equal-rollouts axis charges it (docs/arms.md).
@@ -14,8 +15,8 @@ what compare.py's equal-rollouts axis charges it (docs/arms.md).
                       each block), so tests drive it with scripted rewards
 
 Departures (docs/arms.md):
-(1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10): at the
-    limit verl raises ValueError and the run stops; we update on the partial batch (the groups kept
+(1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10; 0 or
+    less: no limit, as in verl): at the limit verl raises ValueError and the run stops; we update on the partial batch (the groups kept
     so far, fewer than M) and log it (`dapo_partial`). A run of a fixed rollout budget should not
     crash because a model became too good (or too bad) for its prompts.
 (2) Under train.py's `--max-rollouts` the limit is also the number of blocks the budget has left,
@@ -51,7 +52,7 @@ class DynamicBatch:
     """What one update's dynamic sampling produced."""
     kept: list[Group]  # the batch: at most M groups with signal, in generation order
     generated: list[Group] = field(default_factory=list)  # every group of every block (visits)
-    blocks: int = 0  # generation blocks of M prompts x G rollouts this update used
+    blocks: int = 0  # generation blocks of K prompts x G rollouts this update used
     surplus_groups: int = 0  # groups with signal kept beyond M and dropped (verl: batch[:M * G])
     partial: bool = False  # the block limit came first: fewer than M groups kept (departure 1)
 
@@ -69,19 +70,20 @@ class DynamicBatch:
         return sum(len(g.rewards) for g in self.generated if not has_signal(g.rewards))
 
 
-def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks: int) -> DynamicBatch:
-    """Generate blocks until M groups with signal are kept, or `max_blocks` blocks are spent.
+def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks: int | None) -> DynamicBatch:
+    """Generate blocks until M groups with signal are kept, or `max_blocks` blocks are spent (None: no
+    limit, verl's max_num_gen_batches <= 0; the loop then ends only when M groups are kept).
 
-    next_block(b) -> the M groups of block b (b = 0, 1, ... within this update): the caller draws
-    the next M prompts and their G rollouts each. Returns the first M groups with signal (fewer at
-    the limit: partial), every generated group, and the blocks used. Blocks are whole: a block is
-    generated (and paid for) in full even when its first groups already complete the batch, as
-    in verl, which generates gen_batch_size prompts at a time."""
-    if M < 1 or max_blocks < 1:
+    next_block(b) -> the groups of block b (b = 0, 1, ... within this update): the caller draws the
+    next gen_batch_size prompts (M by default) and their G rollouts each. Returns the first M groups
+    with signal (fewer at the limit: partial), every generated group, and the blocks used. Blocks are
+    whole: a block is generated (and paid for) in full even when its first groups already complete
+    the batch, as in verl, which generates gen_batch_size prompts at a time."""
+    if M < 1 or (max_blocks is not None and max_blocks < 1):
         raise ValueError(f"dynamic_sample needs M >= 1 and max_blocks >= 1, got M={M}, max_blocks={max_blocks}")
     out = DynamicBatch(kept=[])
     with_signal: list[Group] = []
-    while len(with_signal) < M and out.blocks < max_blocks:
+    while len(with_signal) < M and (max_blocks is None or out.blocks < max_blocks):
         block = next_block(out.blocks)
         out.blocks += 1
         out.generated += block

@@ -4,7 +4,7 @@ CoBA-RL (Capability-Oriented Budget Allocation, arXiv 2602.03048) keeps GRPO's t
 budget B_total = M * G per step but hands it out unevenly: each prompt i gets B_i rollouts chosen to
 maximise sum_i V(B_i, p_i) (eq. 3), where V (eq. 9) weighs each prompt's pass rate p_i by a Beta
 density whose shape follows the model's global failure rate (eqs. 4-7) and saturates in B_i (eq. 8).
-One step of the loop below, in the order of method.md §3:
+One step of the loop below, in the order of docs/method-sources.md §3:
 
     1. sample M prompts                     (data.PromptSampler)
     2. allocate B_i from (p_i, alpha_t, beta_t, tau)   -> allocate.allocate_budgets  (Algorithm 1)
@@ -24,7 +24,7 @@ this file: the command line, its flags, toy vs real-model presets and range chec
 and checking data files (data.py); and what makes a run safe to stop and resume: atomic
 checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
 The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_rollouts: blocks of
-M x G until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
+K x G, K = --gen-batch-size (M), until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
 from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
 LoRA (--use-peft, ours) is lora.py: setup wraps the model, and the KL reference is the base under
 the adapter.
@@ -80,9 +80,9 @@ from rollout import VLLMGenerator, collate, decode, generate_groups, merge_group
 # ----------------------------------------------------------------------------------------------
 # The in-step probe (ours, beyond the paper: --probe)
 # ----------------------------------------------------------------------------------------------
-# The paper's allocator only knows a prompt's pass rate from an earlier visit (method.md §3): the
-# first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
-# escapes ("sticky zero", calibration.md). With --probe every prompt first gets B_low rollouts in
+# The paper's allocator only knows a prompt's pass rate from an earlier visit (docs/method-sources.md
+# §3): the first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
+# escapes ("sticky zero", docs/calibration.md). With --probe every prompt first gets B_low rollouts in
 # this step; the allocator then sees p_i pooled over those and the earlier visits, and hands out
 # the rest of the same B_total. Costs one extra generation round per step, no extra rollouts.
 def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
@@ -196,9 +196,11 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
     model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
     with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
         # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
-        if args.num_mini_batches > 1 and old_logps is None:
+        # (N = 0: a torchrun rank that owns no group this step, with fewer prompts than ranks: nothing
+        # to compute; it still joins every collective below with zero gradients.)
+        if args.num_mini_batches > 1 and old_logps is None and N:
             old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None:
+        if ref_model is not None and N:
             ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
     model.train()
     N_all = len(lengths)
@@ -240,7 +242,10 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
                 loss_type=args.loss_type, max_completion_length=args.max_completion_length,
                 normalizer=normalizer, entropy=entropy, token_weights=is_weights)
             loss.backward()
-            w = len(rows) / N_all  # metrics averaged over rows of the whole batch (all ranks)
+            # Token means (ratio, clip, kl, entropy) weighted by this micro-batch's share of the step's tokens,
+            # all ranks' (lengths): their sum is the token mean over the whole step however its rows are
+            # split into micro-batches and ranks. (Weighted by rows, the split changed them: issue 41.)
+            w = float(cmask[rows].sum()) / max(float(lengths.sum()), 1.0)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
@@ -283,7 +288,7 @@ def nonfinite(metrics: dict, model) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The training loop: setup, then rl_step once per step (method.md §3), then the final evaluation
+# The training loop: setup, then rl_step once per step (docs/method-sources.md §3), then the final evaluation
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Run:
@@ -427,7 +432,9 @@ def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
     # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
     # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
     # model, not by the sampling noise (common random numbers).
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
+    # Only this rank's own device (cuda:LOCAL_RANK under torchrun; --device's) is saved and restored:
+    # None would save every visible GPU's RNG, initialising CUDA on each from every rank (issue 41).
+    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
         torch.manual_seed(run.args.seed)
         dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
@@ -544,31 +551,34 @@ def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
         raise SystemExit(f"error: {message}")
 
 
-def step_prompts(run: Run, step: int) -> StepRollouts:
+def step_prompts(run: Run, step: int, n: int | None = None) -> StepRollouts:
     """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
-    --prompt-selection), tokenised once per prompt (not per rollout)."""
+    --prompt-selection), tokenised once per prompt (not per rollout). n: another count (a DAPO block)."""
     args = run.args
-    prompt_idx = run.sampler.next(args.prompts_per_step)
+    prompt_idx = run.sampler.next(n or args.prompts_per_step)
     prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
     return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
                         [run.train_set[j]["answer"] for j in prompt_idx], prompts)
 
 
 def dapo_rollouts(run: Run, step: int):
-    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of M prompts x G
-    rollouts, each the next M prompts of the order uniform GRPO's steps take, until M groups carry
-    signal (or the block limit). Returns the kept groups as (StepRollouts, completion ids, rewards,
-    sampler log-probs) and the DynamicBatch. Block b of the run samples with uniform's step-b seed."""
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of K prompts x G
+    rollouts (K = --gen-batch-size, verl's data.gen_batch_size; default M), each the next K prompts of
+    the order uniform GRPO's steps take, until M groups carry signal (or the block limit). Returns the
+    kept groups as (StepRollouts, completion ids, rewards, sampler log-probs) and the DynamicBatch.
+    Block b of the run samples with uniform's step-b seed (at K = M, also its step-b prompts)."""
     args, M = run.args, run.args.prompts_per_step
-    budgets = allocate.uniform_budgets(M, args.total_budget)  # G each (B_total = M * G)
+    K = args.gen_batch_size or M
+    budgets = allocate.uniform_budgets(K, K * args.total_budget // M)  # G each (B_total = M * G; cli checks K B_total / M)
     ends = np.cumsum(budgets).tolist()
-    limit = args.max_num_gen_batches
+    limit = args.max_num_gen_batches if args.max_num_gen_batches > 0 else None  # verl: 0 or less is no limit
     if args.max_rollouts is not None:  # departure (2): no more blocks than the rollout budget has left
-        limit = min(limit, (args.max_rollouts - run.counters["rollouts"]) // args.total_budget)
+        left = (args.max_rollouts - run.counters["rollouts"]) // sum(budgets)
+        limit = left if limit is None else min(limit, left)
     vstats, seconds = verify.VerifyStats(), []
 
     def next_block(b: int) -> list:
-        roll = step_prompts(run, run.counters.get("blocks", 0) + b)
+        roll = step_prompts(run, run.counters.get("blocks", 0) + b, K)
         roll.vstats = vstats
         ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
         lps = roll.sampler_lps[0]
@@ -644,8 +654,19 @@ def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
             "zero_signal_rollouts": zero_rollouts, **extra}
 
 
+def over_ranks(roll: StepRollouts) -> dict:
+    """The step's generation time and verifier counts over every rank, like the rest of its record
+    (rank 0's own alone before issue 41). A collective: every rank calls it. verify_timeouts and
+    verify_errors are SUMMED: each rank verified only its own rows, so the sum counts each rollout
+    once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
+    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
+    parts = dist.gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
+    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
+            "verify_errors": sum(p[2] for p in parts)}
+
+
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
+    """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record."""
     args, tracker = run.args, run.tracker
     t0, before, dyn, oracle = time.time(), run.counters["rollouts"], None, {}
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
@@ -713,8 +734,7 @@ def rl_step(run: Run, step: int) -> dict:
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
         "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
-        "gen_seconds": round(roll.gen_seconds, 3),
-        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **oracle, **metrics,
+        **over_ranks(roll), **oracle, **metrics,
     }
 
 
@@ -776,7 +796,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 interrupt.requested, interrupt.signum = True, signal.SIGTERM
             if done % args.save_every == 0 or finished or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
-                                        run.tracker, run.sampler, args, run.counters)
+                                        run.tracker, run.sampler, args, run.counters, run_end=finished)
             if interrupt.requested:  # main exits 130 (Ctrl-C) or 143 (SIGTERM): the run did not finish
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 run.log.close()
