@@ -70,7 +70,7 @@ RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress"
                      "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
                      "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "report_to", "log_completions",
                      "eval_samples", "shared_prompt_forward", "sampler_logps", "shared_prompt_prefill",
-                     "max_rollouts", "eval_every_rollouts")  # evaluation draws from its own RNG (train.run_eval): the steps are the same
+                     "max_rollouts", "eval_every_rollouts")  # evaluation draws from its own RNG (evaluate.run_eval): the steps are the same
 
 
 # Not flags: what setup measured of the data and the model (data.data_identity, models.model_identity),

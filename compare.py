@@ -512,12 +512,6 @@ def _pairs(keys) -> str:
 # ----------------------------------------------------------------------------------------------
 # Per-run metrics
 # ----------------------------------------------------------------------------------------------
-def curve(log: list[dict], key: str = "heldout_acc") -> tuple[np.ndarray, np.ndarray]:
-    """(rollouts, held-out metric `key`) at each evaluation."""
-    evals = [r for r in log if r["type"] == "eval"]
-    return np.array([r["rollouts"] for r in evals], float), np.array([r[key] for r in evals], float)
-
-
 def auc(x: np.ndarray, y: np.ndarray) -> float:
     """Average accuracy over training: trapezoid area under acc(rollouts) divided by the span."""
     return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0])) if len(x) > 1 else float(y[-1])
@@ -533,6 +527,8 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     ("metric") is held-out avg@k (k samples at T = 1.0, top-p 0.9: the paper's avg@16, ours k = 8)
     when the run logged it, else greedy accuracy; "acc", "final_acc", "auc" are the primary's.
     Greedy accuracy and pass@k ride along as secondary metrics."""
+    from evaluate import curve, hardest_level  # the eval records, read back (torch comes with it: runs exist)
+
     config = next((r for r in log if r["type"] == "config"), {})
     evals = [r for r in log if r["type"] == "eval"]
     k = int(config.get("eval_samples") or 0)
@@ -568,18 +564,6 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
         **hardest_level(evals, f"avg@{k}" if has_avg else "acc"),
         **oracle_stats(train),
     }
-
-
-def hardest_level(evals: list[dict], metric: str) -> dict:
-    """The held-out set's hardest level (issue 42: the paper's gains are largest on its hardest
-    benchmarks): its level, problem count, the primary metric's curve and final value. The levels are
-    the lab's (toy-reason: level L has L + 2 addends); {} for logs without per-level records."""
-    levels = [r.get("heldout_by_level") for r in evals]
-    if not levels or None in levels:
-        return {}
-    hard = max(levels[0], key=int)
-    curve_ = [lv[hard][metric] for lv in levels]
-    return {"hard_level": int(hard), "hard_n": levels[0][hard]["n"], "hard": curve_, "final_hard": float(curve_[-1])}
 
 
 def oracle_stats(train: list[dict]) -> dict:

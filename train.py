@@ -70,9 +70,10 @@ import verify
 from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
                         load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
                         save_checkpoint, truncate_log)
-from cli import (build_parser, closing_line, eval_table, progress_bars,  # the command line: flags, presets,
+from cli import (build_parser, closing_line, progress_bars,  # the command line: flags, presets,
                  resolve_args)  # range checks, and what it prints at the end
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
+from evaluate import eval_only, evaluate_inside, run_eval, start_end  # the paper's avg@k, pass@k, greedy; --eval-only
 from models import identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
@@ -103,58 +104,6 @@ def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_
     after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
              for k, i in enumerate(prompt_idx)]
     return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation: greedy accuracy, and the paper's avg@k / pass@k (k samples, T = 1.0, top-p 0.9)
-# ----------------------------------------------------------------------------------------------
-def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
-    ranks = dist.current()  # under torchrun each rank evaluates every W-th problem; outcomes are gathered
-    all_records, records = records, records[ranks.rank::ranks.world_size]
-    prompts = [format_prompt(r["question"], tokenizer, args) for r in records]
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
-    answers = [r["answer"] for r in records]
-
-    def gen(k: int, greedy: bool, T: float, top_p: float) -> list[list[int]]:
-        return generate_groups(model, tokenizer, prompt_ids, [k] * len(prompt_ids),
-                               max_new_tokens=args.max_completion_length, temperature=T, top_p=top_p,
-                               batch_size=args.generation_batch_size, greedy=greedy, generator=generator,
-                               seed=args.seed)
-
-    texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
-    greedy = verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)
-    k = args.eval_samples
-    many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
-    sampled = verify.rewards(many, [a for a in answers for _ in range(k)], last_number_fallback=args.last_number_fallback)
-    greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
-    correct = np.array(sampled, dtype=float).reshape(-1, k) if k > 0 else None  # (n, k)
-    result = accuracies(np.array(greedy, dtype=float), correct, k)
-    # Per difficulty level (issue 42): the paper's gains are largest on its hardest benchmarks, so a
-    # gain of an allocator would show first on the hardest level. Records carry "level" on the labs
-    # (toy-reason: level L = L + 2 addends); the gathered outcomes are in rank order, so the levels are too.
-    levels = [r.get("level") for w in range(ranks.world_size) for r in all_records[w::ranks.world_size]]
-    if levels and None not in levels:
-        levels = np.array(levels)
-        result["by_level"] = {str(L): {**accuracies(np.array(greedy, dtype=float)[levels == L],
-                                                    None if correct is None else correct[levels == L], k),
-                                       "n": int((levels == L).sum())}
-                              for L in sorted(set(levels.tolist()))}
-    return result
-
-
-def accuracies(greedy: np.ndarray, correct: np.ndarray | None, k: int) -> dict:
-    """acc (greedy, (n,) 0/1), and from the (n, k) sampled outcomes avg@k (+ its standard error) and pass@k."""
-    result = {"acc": float(np.mean(greedy))}
-    if correct is not None:
-        per_problem = correct.mean(axis=1)  # (n,) each problem's share of right samples
-        result[f"avg@{k}"] = float(per_problem.mean())  # mean accuracy over k samples (paper's avg@16)
-        # Standard error over problems (the k samples of one problem are not independent draws of
-        # the benchmark): the noise of avg@k as an estimate of the model's accuracy on this kind of set.
-        n = len(per_problem)
-        result[f"avg@{k}_se"] = float(per_problem.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
-        result[f"pass@{k}"] = float((correct.max(axis=1) > 0).mean())  # any of k correct (n = k)
-    return result
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,34 +366,6 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     return run, start
 
 
-def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
-    """Evaluate every eval set and log one record: NAME_acc (greedy), NAME_avg@k (+ _se) and
-    NAME_pass@k per set; with benchmarks (every set but 'heldout'), eval_mean_avg@k, their plain mean
-    as in the paper's Table 1 'Avg.' column; eval_seconds, what the evaluation cost."""
-    t0 = time.time()
-    record = {"type": "eval", "step": step, "rollouts": run.counters["rollouts"], **(extra or {})}
-    # Evaluation samples (avg@k) from its own RNG, seeded the same at every evaluation, and leaves the
-    # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
-    # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
-    # model, not by the sampling noise (common random numbers).
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
-        torch.manual_seed(run.args.seed)
-        dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
-        for name, records in run.eval_sets.items():
-            with run.amp(), dist.gathered(run.model):
-                results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
-            for key, value in results.items():
-                record[f"{name}_{key}"] = value
-    k = run.args.eval_samples
-    benchmarks = [name for name in run.eval_sets if name != "heldout"]
-    if benchmarks:
-        metric = f"avg@{k}" if k else "acc"
-        record[f"eval_mean_{metric}"] = float(np.mean([record[f"{name}_{metric}"] for name in benchmarks]))
-    record["eval_seconds"] = round(time.time() - t0, 3)
-    run.write(record)
-    return record
-
-
 def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int,
                       seed: int | None = None) -> tuple[list, list[float]]:
     """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,).
@@ -584,17 +505,6 @@ def dapo_rollouts(run: Run, step: int):
                         [g.payload[2] for g in kept], vstats, sum(seconds))
     return (roll, [c for g in kept for c in g.payload[3]], [r for g in kept for r in g.rewards],
             [lp for g in kept for lp in g.payload[4]], dyn)
-
-
-def evaluate_inside(run: Run, step: int, before: int, after: int) -> None:
-    """--eval-every-rollouts points X with before < X < after, i.e. inside this step's generation (a
-    DAPO update of several blocks): the policy at X is the one before this update, which has spent
-    those rollouts but not learnt from them yet. Logged with this update's step number, so a resume
-    from the checkpoint before it drops them with the step (checkpoint.truncate_log)."""
-    E = run.args.eval_every_rollouts
-    if E:
-        for X in range((before // E + 1) * E, after, E):
-            run_eval(run, step + 1, extra={"rollouts": X, "before_update": True})
 
 
 def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows,
@@ -796,51 +706,6 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
         plots.plot_run_safely(out)  # OUTPUT_DIR/plots/*.png (plots.py; also `python plots.py OUTPUT_DIR`)
     return summary
 
-
-
-def start_end(first: dict, final: dict, k: int) -> dict:
-    """The summary's accuracies at the first and the final evaluation. The paper's metric first:
-    heldout_avg@k (k samples at T = 1.0, top-p 0.9; + _se) and eval_mean_avg@k over benchmarks; then
-    greedy heldout_acc (other code reads heldout_acc_start/_end) and pass@k. None: no such set."""
-    keys = [f"heldout_avg@{k}", f"heldout_avg@{k}_se", "heldout_acc", f"heldout_pass@{k}"] if k else ["heldout_acc"]
-    keys += [key for key in (f"eval_mean_avg@{k}" if k else "eval_mean_acc",) if key in final]
-    return {f"{key}_{when}": r.get(key) for key in keys for when, r in (("start", first), ("end", final))}
-
-
-def eval_only(args) -> dict:
-    """--eval-only: evaluate --model (a name, or a checkpoint directory, which from_pretrained reads)
-    on the eval sets, the paper's way (avg@k at T = 1.0, top-p 0.9), without training: OUTPUT_DIR/log.jsonl
-    gets a config line and one eval record (eval_only: true); no optimizer, no checkpoint. For the base
-    model's numbers before a run, or a finished checkpoint's after."""
-    out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
-    out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out), progress_bars(not args.no_progress):
-        prepare_run_dir(out, args)  # a directory that holds a run is refused unless --overwrite
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
-        torch.manual_seed(args.seed)
-        counts = {"skipped_rows": 0, "skipped_long_prompts": 0}
-        _, eval_sets = load_data(args, counts, need_train=False)
-        model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
-        fit_prompt_length([], eval_sets, tokenizer, args, counts, need_train=False)
-        if not eval_sets:
-            raise SystemExit("error: --eval-only has nothing to evaluate: pass --eval-datasets NAME, "
-                             "--eval-files PATH, or --eval-size > 0")
-        model.eval()
-        amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-        run = Run(args, out, model, tokenizer, None, None, None, None, None,
-                  VLLMGenerator(args, model_path) if args.use_vllm else None, [], eval_sets, device, amp,
-                  counters={"rollouts": 0, "seconds": 0.0})
-        run.log = (out / "log.jsonl").open("w")
-        run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
-                   "device": str(device), **counts})
-        record = run_eval(run, 0, extra={"eval_only": True, "model": args.model,
-                                         "problems": {name: len(r) for name, r in eval_sets.items()}})
-        run.log.close()
-    print(eval_table(record, list(eval_sets), args.eval_samples))
-    return record
 
 
 def main(argv: list[str] | None = None) -> dict:

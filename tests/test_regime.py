@@ -20,6 +20,7 @@ import pytest
 
 import checkpoint
 import compare
+import evaluate
 import train
 from test_step import BASE, FixedRollouts, is_correct
 
@@ -52,16 +53,16 @@ class ScriptedPolicy:
 def test_every_evaluation_logs_accuracy_per_level(tmp_path, toy_model_dir, monkeypatch):
     from toy import build_tokenizer
 
-    real_load_data = train.load_data
+    real_load_data = evaluate.load_data
     seen = {}
 
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
         seen["heldout"] = evals["heldout"]
-        monkeypatch.setattr(train, "generate_groups", ScriptedPolicy(build_tokenizer(), evals["heldout"]))
+        monkeypatch.setattr(evaluate, "generate_groups", ScriptedPolicy(build_tokenizer(), evals["heldout"]))
         return train_set, evals
 
-    monkeypatch.setattr(train, "load_data", load_data)
+    monkeypatch.setattr(evaluate, "load_data", load_data)
     flags = ["--model", "toy", "--dataset", "toy", "--eval-size", "40", "--eval-samples", str(K_EVAL),
              "--eval-only", "--no-progress", "--device", "cpu", "--output-dir", str(tmp_path)]
     record = train.main(flags)
