@@ -176,6 +176,27 @@ class Share:
         return {"rank_rollouts": per_rank, "rank_imbalance": spread}
 
 
+def micro_batches(global_chunk: torch.Tensor, rows: torch.Tensor, N: int, size: int, sharded: bool = False,
+                  by_prompt: bool = False):
+    """This rank's micro-batches of one global mini-batch, as (positions in this rank's batch, pad).
+
+    global_chunk: the mini-batch, indices into the step's N rows; rows: Share.rows(), this rank's
+    rows among them (one process: all N). Each micro-batch holds up to `size` of this rank's rows of
+    the mini-batch, in the mini-batch's order (by_prompt: sorted, so that a prompt's rows, adjacent in
+    the prompt-major batch, share micro-batches). --fsdp (sharded): every rank runs as many
+    micro-batches as the busiest one (rule 2); the extra ones are pads, pad = True: a row of this
+    rank to run forward and backward with weight 0, so they add exact zeros."""
+    chunk = local_rows(global_chunk, rows, N)
+    if by_prompt:
+        chunk = chunk.sort().values
+    n_micro = -(-len(chunk) // size)
+    if sharded:
+        n_micro = max_over_ranks(n_micro)
+    for s in range(0, n_micro * size, size):
+        pad = s >= len(chunk)
+        yield (chunk[s:s + size] if not pad else torch.arange(min(1, len(rows)))), pad
+
+
 def local_rows(global_chunk: torch.Tensor, rows: torch.Tensor, N: int) -> torch.Tensor:
     """Positions in this rank's batch of the rows of a global mini-batch, in the mini-batch's order.
     global_chunk: indices into the N rows; rows: Share.rows(). One process: global_chunk itself."""

@@ -349,6 +349,30 @@ def truncated_importance_weights(trainer_logps: torch.Tensor, sampler_logps: tor
     return torch.clamp(torch.exp(log_w), max=cap)  # (N, T)
 
 
+def sampler_gap(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, completion_mask: torch.Tensor,
+                cap: float | None = None) -> tuple[torch.Tensor | None, list[float]]:
+    """vLLM rollouts (ours, logged): how far the trainer's log-probs at rollout time are from the
+    sampler's, on one micro-batch. Returns (the TIS weights w_t (N, T), or None without a cap, and the
+    sums [sum |log pi_trainer - log pi_sampler|, completion tokens, sum of w_t] over its completion
+    tokens). Summed over micro-batches and ranks, then divided by the tokens, they are the batch's
+    token means vllm_logp_gap and vllm_is_weight_mean. trainer_logps, sampler_logps, mask: (N, T)."""
+    m = completion_mask.bool()
+    sums = [float(torch.where(m, (trainer_logps - sampler_logps).abs(), 0.0).sum()), float(m.sum()), 0.0]
+    weights = None
+    if cap:
+        weights = truncated_importance_weights(trainer_logps, sampler_logps, completion_mask, cap)  # (N, T)
+        sums[2] = float(torch.where(m, weights, 0.0).sum())
+    return weights, sums
+
+
+def sampler_gap_means(gap_sum: float, tokens: float, weight_sum: float, cap: float | None = None) -> dict:
+    """sampler_gap's sums over the whole batch -> the log's token means (each row is in exactly one
+    mini-batch): vllm_logp_gap, and vllm_is_weight_mean with a cap; {} without sampler log-probs."""
+    if not tokens:
+        return {}
+    return {"vllm_logp_gap": gap_sum / tokens, **({"vllm_is_weight_mean": weight_sum / tokens} if cap else {})}
+
+
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
     """Mean of x over the True positions of m, as a python float; 0.0 when there are none."""
     count = int(m.sum())

@@ -111,23 +111,16 @@ def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_
 # ----------------------------------------------------------------------------------------------
 def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
                   autocast=contextlib.nullcontext) -> dict:
-    """GRPO on one step's rollouts: `num_mini_batches` optimizer steps over a shuffled split of the
-    N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
-
-    Two speed-ups, each the plain computation up to float rounding (tests/test_speed.py):
-    - batch["old_logps"] (HF rollouts with --sampler-logps): generation's own log pi(o_t), under
-      the same weights, replace the no-grad forward over all N rows. The first mini-batch needs no
-      old log-probs at all: the policy has not moved yet, so its own detached forward is pi_old
-      (ratio exactly 1, as in the one-mini-batch case).
-    - --shared-prompt-forward: every forward runs each distinct prompt once per micro-batch
-      (grpo.per_token_logps_shared_prompt); a mini-batch's rows are sorted by prompt first, so a
-      prompt's rows share micro-batches (the mini-batch, hence its gradient sum, is unchanged)."""
+    """GRPO on one step's rollouts (App. C): `num_mini_batches` optimizer steps over a shuffled split of
+    the N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
+    pi_old: see frozen_logps. --shared-prompt-forward (a speed-up, the same sums up to float rounding:
+    tests/test_speed.py) runs each distinct prompt once per micro-batch, a mini-batch's rows sorted by
+    prompt so that a prompt's rows share micro-batches (grpo.per_token_logps_shared_prompt).
+    Under torchrun this rank holds n of the N rows (batch["rows"]); mini-batches are drawn over all N
+    and normalised by their global size, so the gradients summed over ranks are one process's."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
-    # Under torchrun this rank holds n of the step's N rows: "rows" (n,) says which, "lengths" (N,) are
-    # every row's completion length. Mini-batches are drawn over all N rows and normalised by their
-    # global size, so the gradients summed over ranks (dist.all_reduce_grads) are one process's.
-    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,)
-    lengths = batch.get("lengths", cmask.sum(1))  # (N,)
+    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,) this rank's rows among the N
+    lengths = batch.get("lengths", cmask.sum(1))  # (N,) every row's completion length
     sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
     cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
     N, T = cmask.shape
@@ -138,51 +131,28 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         with autocast():
             return logps_fn(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
 
-    rows_all = torch.arange(N)
     micro = args.micro_batch_size
-    old_logps, ref_logps = batch.get("old_logps"), None  # (N, T) generation's log-probs, or None
-    own_first = old_logps is not None  # the first mini-batch takes its own detached forward as pi_old
-    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
-    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
-        # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
-        if args.num_mini_batches > 1 and old_logps is None:
-            old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None:
-            ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
-    model.train()
+    own_first = batch.get("old_logps") is not None  # the first mini-batch's own detached forward is pi_old
+    old_logps, ref_logps = frozen_logps(mb, model, ref_model, N, micro, batch.get("old_logps"),
+                                        need_old=args.num_mini_batches > 1)  # (N, T) each, or None
     N_all = len(lengths)
     perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
     sharded = dist.is_sharded(model)  # --fsdp (walks the modules: once per update, not per mini-batch)
     sums: dict[str, float] = {}
     gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
     for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
-        chunk = dist.local_rows(global_chunk, rows_global, N_all)  # this rank's rows of the mini-batch
-        if shared:  # rows are prompt-major: sorted, a prompt's rows are adjacent, so share micro-batches
-            chunk = chunk.sort().values
-        # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
+        # the whole mini-batch's normaliser (all ranks): accumulated micro-batches give one big batch's gradient
         normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
-        # --fsdp: every rank runs as many micro-batches as the busiest (dist.py rule 2); a pad one
-        # (s past the end) recomputes a row of this rank with weight 0, so it adds exact zeros.
-        n_micro = -(-len(chunk) // micro)
-        if sharded:
-            n_micro = dist.max_over_ranks(n_micro)
-        for s in range(0, n_micro * micro, micro):
-            pad = s >= len(chunk)
-            rows = chunk[s:s + micro] if not pad else torch.arange(min(1, len(cmask)))
+        for rows, pad in dist.micro_batches(global_chunk, rows_global, N_all, micro, sharded, by_prompt=shared):
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
-            if pad:
+            if pad:  # --fsdp: a micro-batch of weight 0, so that every rank runs as many (dist.py rule 2)
                 (logps.sum() * 0.0).backward()
                 continue
             old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
             is_weights = None
-            if sampler_logps is not None:  # the trainer's log-probs at rollout time vs the sampler's
-                m = cmask[rows].bool()
-                gap[0] += float(torch.where(m, (old - sampler_logps[rows]).abs(), 0.0).sum())
-                gap[1] += float(m.sum())
-                if cap:
-                    is_weights = grpo.truncated_importance_weights(old, sampler_logps[rows], cmask[rows],
-                                                                   cap)  # (n, T)
-                    gap[2] += float(torch.where(m, is_weights, 0.0).sum())
+            if sampler_logps is not None:  # vLLM: the trainer's log-probs at rollout time vs the sampler's
+                is_weights, gap_sums = grpo.sampler_gap(old, sampler_logps[rows], cmask[rows], cap)  # (n, T) or None
+                gap = [g + s for g, s in zip(gap, gap_sums)]
             loss, metrics = grpo.clipped_policy_loss(
                 logps, old, adv[rows], cmask[rows], epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
                 ref_logps=None if ref_logps is None else ref_logps[rows], beta=args.beta,
@@ -200,12 +170,26 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
-    gap = list(dist.all_reduce_sums(dict(enumerate(gap))).values())
-    if gap[1]:  # each row is in exactly one mini-batch: token means over the whole batch
-        sums["vllm_logp_gap"] = gap[0] / gap[1]
-        if cap:
-            sums["vllm_is_weight_mean"] = gap[2] / gap[1]
-    return sums
+    return {**sums, **grpo.sampler_gap_means(*dist.all_reduce_sums(dict(enumerate(gap))).values(), cap=cap)}
+
+
+def frozen_logps(mb, model, ref_model, N: int, micro: int, old_logps=None, need_old: bool = True) -> tuple:
+    """(pi_old's, pi_ref's) log-probs of the N rows before the update, (N, T) each or None, from no-grad
+    forwards in micro-batches (mb(rows, model) is one). pi_ref is the frozen reference model's (--beta > 0).
+    pi_old is the rollout policy's, needed once the first optimizer step has moved the policy (need_old:
+    more than one mini-batch). A speed-up, the plain computation up to float rounding (tests/test_speed.py):
+    old_logps (HF rollouts with --sampler-logps) are generation's own log pi(o_t), under the same weights,
+    and replace this forward; and the first mini-batch needs none at all: the policy has not moved yet,
+    so its own detached forward is pi_old (ratio exactly 1, as in the one-mini-batch case)."""
+    rows_all, ref_logps = torch.arange(N), None
+    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
+    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
+        if need_old and old_logps is None:
+            old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
+        if ref_model is not None:
+            ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
+    model.train()
+    return old_logps, ref_logps
 
 
 def make_optimizer(model, args):
