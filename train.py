@@ -67,9 +67,9 @@ import lora
 import plots
 import tracking
 import verify
-from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
-                        load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
-                        save_checkpoint, truncate_log)
+from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, find_checkpoint, finished_summary,
+                        prepare_run_dir, read_log, remove_run, resume_every_rank, run_config, save_checkpoint,
+                        saved_config)
 from cli import (build_parser, closing_line, progress_bars,  # the command line: flags, presets,
                  resolve_args)  # range checks, and what it prints at the end
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
@@ -281,10 +281,7 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     data_counts = {"skipped_rows": 0, "skipped_long_prompts": 0}  # logged in the config line
     train_set, eval_sets = load_data(args, data_counts)
     check_candidates(args, len(train_set))  # MoPPS's ratio x M candidates fit the pool: fail before --overwrite
-    saved = {}  # the resumed run's recorded flags and identities
-    if resume_from is not None:
-        with contextlib.suppress(OSError, ValueError):  # unreadable: resume_checkpoint names the damage
-            saved = json.loads((resume_from / "run_config.json").read_text())
+    saved = saved_config(resume_from)  # the resumed run's recorded flags and identities ({}: a fresh run)
     # Recorded in the config line and every checkpoint; --resume refuses other data or another model.
     args.data_identity = data_identity(args, train_set, eval_sets)
     check_identity({"data_identity": saved.get("data_identity")}, args, resume_from)
@@ -305,12 +302,9 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
         remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    ref_model = None
-    if args.beta > 0 and args.use_peft:  # the base under the adapter is the initial policy: no copy
-        ref_model = lora.WithoutAdapter(model)
-    elif args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
-        ref_model = load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0]
-        ref_model.eval().requires_grad_(False)  # frozen: bf16 weights are enough for log-probs
+    # pi_ref for the k3 KL term (--beta > 0): LoRA's base under the adapter, else a frozen copy of --model
+    ref_model = lora.reference_model(
+        model, args, lambda: load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0])
     optimizer = make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / args.warmup_lr_steps) if args.warmup_lr_steps else 1.0)
@@ -321,33 +315,33 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     run = Run(args, out, model, tokenizer, ref_model, optimizer, scheduler, tracker,
               make_sampler(args, len(train_set)), VLLMGenerator(args, model_path) if args.use_vllm else None,
               train_set, eval_sets, device, amp, counters={"rollouts": 0, "seconds": 0.0})
-    start, log_path = 0, out / "log.jsonl"
+    start = 0
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
-        # the newest checkpoint that loads: a damaged one is set aside with a warning
-        # (torchrun: rank 0 picks it, setting damaged ones aside, then the others load the same one)
-        resume_from, start, run.counters = dist.on_rank0(resume_checkpoint, out, model, optimizer, scheduler,
-                                                         tracker, run.sampler)
-        if not main_rank:
-            load_checkpoint(resume_from, model, optimizer, scheduler, tracker, run.sampler)
-        else:
-            truncate_log(log_path, start, keep_summary=start >= args.steps)
+        resume_from, start, run.counters = resume_every_rank(out, model, optimizer, scheduler, tracker, run.sampler,
+                                                             args.steps)
         if run.generator is not None:
             run.generator.sync_weights(model)
         print(f"resumed from {resume_from} at step {start}")
+    open_log(run, start, resume_from, {"model_path": model_path, "device": str(device), "train_size": len(train_set),
+                                       **data_counts, "world_size": dist.current().world_size})
+    return run, start
+
+
+def open_log(run: Run, start: int, resume_from: Path | None, config: dict) -> None:
+    """OUTPUT_DIR/log.jsonl and --report-to's tracker, rank 0's (the other ranks write to devnull). A
+    fresh run starts its log with the config line (its flags, and `config`) and the step-0
+    evaluation; a resumed one adds a resume line: which settings made the steps from here on."""
+    main_rank, log_path = dist.current().main, run.out / "log.jsonl"
     if start == 0 and main_rank:
         log_path.write_text("")
     run.log = log_path.open("a") if main_rank else open(os.devnull, "w")
-    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args)) if main_rank else None
-    if start > 0:  # which settings made the steps from here on: --steps, speed flags may have changed
-        saved = json.loads((resume_from / "run_config.json").read_text())
+    run.reporter = tracking.Tracker(run.args.report_to, run.out, start, run_config(run.args)) if main_rank else None
+    if start > 0:  # --steps and speed flags may have changed on --resume (checkpoint.RESUME_MAY_CHANGE)
         run.write({"type": "resume", "step": start, "checkpoint": resume_from.name,
-                   "changed": changed_flags(saved, args)})
+                   "changed": changed_flags(saved_config(resume_from), run.args)})
     if start == 0:
-        run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
-                   "device": str(device), "train_size": len(train_set), **data_counts,
-                   "world_size": dist.current().world_size})
+        run.write({"type": "config", "step": -1, **run_config(run.args), **config})
         run_eval(run, 0)
-    return run, start
 
 
 def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int,
@@ -626,17 +620,6 @@ def train(args) -> dict:
                   f"(or --max-rollouts) to extend it")
             return summary
         return run_training(args, out, resume_from)
-
-
-def finished_summary(out: Path, resume_from: Path | None, args) -> dict | None:
-    """The summary of a run that these flags would not extend: its newest checkpoint is its last step,
-    at --steps, or with its --max-rollouts spent (DAPO's arm ends on rollouts). None otherwise."""
-    step = checkpoint_step(resume_from) if resume_from is not None else None
-    summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
-    if step is None or summary is None or summary.get("step", step) != step:
-        return None
-    spent = args.max_rollouts is not None and summary.get("rollouts", 0) >= args.max_rollouts
-    return summary if step == args.steps or spent else None
 
 
 def budget_spent(args, counters: dict) -> bool:
