@@ -11,7 +11,7 @@ What stays global and what is split (CoBA-RL, arXiv 2602.03048, method.md §3; d
     (`balanced_partition`: Knapsack-RL's verl fork balances its batch the same way, arXiv 2509.25849).
     A group is never split, so its advantage (a z-score within the group) needs nothing from another rank.
   - Each rank generates only its groups; their rewards and completion lengths (small) are gathered
-    (`gather_groups`), so the tracker, the advantages, the token-mean normaliser and the log see the
+    (`gather_rows`), so the tracker, the advantages, the token-mean normaliser and the log see the
     whole step on every rank, exactly as one process would.
   - Gradients: each rank backpropagates its rows with the loss normalised by the GLOBAL token count of
     the mini-batch, then `all_reduce_grads` SUMS them, so the summed gradient is one process's.
@@ -237,6 +237,19 @@ def gather_groups(owned: list[list[int]], local: list) -> list:
         for i, v in zip(positions, values):
             out[i] = v
     return out
+
+
+def gather_rows(share: Share, *columns: list) -> list[list]:
+    """Per-row values of this rank's rows (its groups, prompt-major: rewards, completion lengths, ...)
+    -> each column over the step's N rows of every rank, prompt-major, on every rank (one gather for
+    all columns). The same lists as one process computes them (its rows are all N)."""
+    own, at = [], 0
+    for i in share.owned[share.rank]:  # per own group: its slice of each column
+        B = share.budgets[i]
+        own.append(tuple(column[at:at + B] for column in columns))
+        at += B
+    groups = gather_groups(share.owned, own)  # (M,) in prompt order, every rank's groups
+    return [[x for g in groups for x in g[c]] for c in range(len(columns))]
 
 
 def all_reduce_grads(model: torch.nn.Module) -> None:

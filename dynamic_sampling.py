@@ -12,6 +12,11 @@ what compare.py's equal-rollouts axis charges it (docs/arms.md).
     has_signal        verl's rule: std of the group's rewards > 0, or a group of one rollout
     dynamic_sample    the refill loop over blocks, with the block limit; pure (a callback makes
                       each block), so tests drive it with scripted rewards
+    dapo_refill       the same under train.py's --max-rollouts: the block limit is also the blocks
+                      the rollout budget has left (departure 2)
+    DynamicBatch      what one update produced, all train.py's rl_step needs of it: the kept groups
+                      (the batch), every generated group as a visit for the tracker and MoPPS, the
+                      rollouts spent, and the log's accounting of them (`accounting`)
 
 Departures (docs/arms.md):
 (1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10): at the
@@ -68,6 +73,29 @@ class DynamicBatch:
     def zero_signal_rollouts(self) -> int:
         return sum(len(g.rewards) for g in self.generated if not has_signal(g.rewards))
 
+    @property
+    def spent_rewards(self) -> list[float]:
+        """Every generated rollout's reward, in generation order (the log's reward and reward_std)."""
+        return [r for g in self.generated for r in g.rewards]
+
+    def visits(self) -> tuple[list[int], list[float], list[int], list[list[float]]]:
+        """Every generated group as one visit of its prompt, in generation order, the dropped ones
+        too (each was a real outcome of the policy): (prompts, successes, rollouts, rewards), what
+        the tracker's update and MoPPS's posteriors record."""
+        g = self.generated
+        return ([x.prompt for x in g], [float(sum(x.rewards)) for x in g], [len(x.rewards) for x in g],
+                [list(x.rewards) for x in g])
+
+    def accounting(self) -> dict:
+        """The log's counts over every rollout this update spent (the dropped groups' included, as
+        compare.py's equal-rollouts axis charges them), then DAPO's own: blocks, kept and surplus
+        groups, and whether the block limit came first (departure 1)."""
+        return {"frac_reward_zero_std": self.zero_signal_groups / len(self.generated),
+                "zero_signal_groups": self.zero_signal_groups, "zero_signal_rollouts": self.zero_signal_rollouts,
+                "step_rollouts": self.rollouts, "step_groups": len(self.generated), "dapo_blocks": self.blocks,
+                "dapo_kept_groups": len(self.kept), "dapo_surplus_groups": self.surplus_groups,
+                "dapo_partial": self.partial}
+
 
 def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks: int) -> DynamicBatch:
     """Generate blocks until M groups with signal are kept, or `max_blocks` blocks are spent.
@@ -89,3 +117,12 @@ def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks:
     out.kept, out.surplus_groups = with_signal[:M], max(0, len(with_signal) - M)
     out.partial = len(out.kept) < M
     return out
+
+
+def dapo_refill(next_block: Callable[[int], list[Group]], M: int, max_blocks: int, block_rollouts: int,
+                rollouts_left: int | None = None) -> DynamicBatch:
+    """dynamic_sample for one update of train.py: at most `max_blocks` blocks (--max-num-gen-batches)
+    and, under --max-rollouts (rollouts_left: what the budget has left), no more blocks of
+    `block_rollouts` = M x G than it pays for (departure 2), so a run ends at exactly its budget."""
+    limit = max_blocks if rollouts_left is None else min(max_blocks, rollouts_left // block_rollouts)
+    return dynamic_sample(next_block, M, limit)

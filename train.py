@@ -79,34 +79,6 @@ from rollout import VLLMGenerator, collate, decode, generate_groups, merge_group
 
 
 # ----------------------------------------------------------------------------------------------
-# The in-step probe (ours, beyond the paper: --probe)
-# ----------------------------------------------------------------------------------------------
-# The paper's allocator only knows a prompt's pass rate from an earlier visit (method.md §3): the
-# first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
-# escapes ("sticky zero", calibration.md). With --probe every prompt first gets B_low rollouts in
-# this step; the allocator then sees p_i pooled over those and the earlier visits, and hands out
-# the rest of the same B_total. Costs one extra generation round per step, no extra rollouts.
-def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
-    """(M,) p_i = (successes of the last visits + probe successes) / (their rollouts + B_low).
-
-    Pooling (our choice) keeps the estimate from resting on B_low = 2 samples alone; the last
-    visits are the tracker's window (--failure-window), the probe rows come from this step."""
-    rates = []
-    for i, s in zip(prompt_idx, probe_successes):
-        hist = tracker.visits.get(int(i), ())
-        rates.append((sum(h[0] for h in hist) + float(s)) / (sum(h[1] for h in hist) + probe_budget))
-    return np.array(rates, dtype=float)
-
-
-def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_budget: int):
-    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the tracker's
-    own rule (coba.CapabilityTracker.knapsack_after) with each prompt's B_low probe rewards."""
-    after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
-             for k, i in enumerate(prompt_idx)]
-    return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)
-
-
-# ----------------------------------------------------------------------------------------------
 # Policy update: GRPO on ragged groups, split into mini-batches (paper: 2 optimizer steps a step)
 # ----------------------------------------------------------------------------------------------
 def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
@@ -268,6 +240,20 @@ class Allocation:
     tau: float  # eq. 8's tau over all M prompts
 
 
+@dataclass
+class StepBatch:
+    """Steps 1-4's answer, whichever arm made it (the paper's, --probe, DAPO's): what steps 5-8 read."""
+    roll: StepRollouts  # the M prompts (DAPO: the kept groups' prompts)
+    alloc: Allocation  # p_i and seen_i as the allocator saw them, B_i, tau
+    share: dist.Share  # the groups this rank generated and trains on (all of them in one process)
+    completion_ids: list[list[int]]  # this rank's rows, prompt-major
+    rewards: list[float]  # (N,) every rank's rows' rewards, prompt-major
+    row_lengths: list[int]  # (N,) every row's completion length
+    lp_rows: list  # this rank's rows' sampler log-probs (HF without --sampler-logps: None each)
+    dapo: dynamic_sampling.DynamicBatch | None = None  # --dynamic-sampling: every generated group, the accounting
+    extra: dict = field(default_factory=dict)  # an arm's own log fields (--pass-rate-source oracle)
+
+
 def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     """Data, model, optimizer, tracker, sampler and log, fresh or restored from resume_from; returns
     them and the step to start at. A fresh run logs its config line and the step-0 evaluation."""
@@ -363,18 +349,50 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
                                        last_number_fallback=args.last_number_fallback, stats=roll.vstats)
 
 
-def sample_share(run: Run, roll: StepRollouts, share: dist.Share) -> tuple[list, list[float], list[int]]:
-    """Steps 3-4 on this rank's whole groups (all of them in one process); returns this rank's
-    completions (its rows, prompt-major) and, gathered from every rank, the step's N rewards and
-    completion lengths in prompt-major order: what the tracker, the advantages and the log read."""
+def sample_share(run: Run, roll: StepRollouts, alloc: Allocation, extra: dict) -> StepBatch:
+    """Steps 3-4 on this rank's whole groups (all of them in one process): rank 0's B_i on every rank,
+    B_i completions of each of its prompts, their rewards. The step's N rewards and completion lengths
+    are gathered from every rank in prompt-major order (dist.gather_rows): what the tracker, the
+    advantages and the log read; the completions stay this rank's."""
+    alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
+    share = dist.Share.of(alloc.budgets)
     completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
-    own, at = [], 0
-    for i in share.owned[share.rank]:  # per own group: (its rewards, its completion lengths)
-        B = share.budgets[i]
-        own.append((rewards[at:at + B], [len(c) for c in completion_ids[at:at + B]]))
-        at += B
-    groups = dist.gather_groups(share.owned, own)  # (M,) in prompt order, every rank's groups
-    return completion_ids, [r for g in groups for r in g[0]], [n for g in groups for n in g[1]]
+    rewards, row_lengths = dist.gather_rows(share, rewards, [len(c) for c in completion_ids])
+    return StepBatch(roll, alloc, share, completion_ids, rewards, row_lengths, roll.sampler_lps[0], extra=extra)
+
+
+def step_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, np.ndarray, tuple, dict]:
+    """Step 2's inputs: (p_i, seen_i, Knapsack-RL's (p_hat, rollouts recorded), log fields). The
+    paper's p_i are the tracker's, from the last visits (eq. 1); with --pass-rate-source oracle
+    (ours, a diagnostic) they are the current policy's, measured afresh (oracle_pass_rates)."""
+    if run.args.pass_rate_source == "oracle":
+        return oracle_pass_rates(run, roll)
+    idx = roll.prompt_idx
+    return run.tracker.pass_rates(idx), run.tracker.seen(idx), run.tracker.knapsack_stats(idx), {}
+
+
+def oracle_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, np.ndarray, tuple, dict]:
+    """(ours, a diagnostic: --pass-rate-source oracle, issue 42) Each prompt's *current* pass rate,
+    p_i = successes / K over K = --oracle-samples fresh rollouts of the current policy, instead of the
+    last visit's (stale by an epoch, from as few as B_low samples). These rollouts are never trained on
+    and not counted in the run's rollouts: they are what a perfect estimate would cost, logged apart
+    (oracle_rollouts, oracle_seconds). They draw from their own RNG, seeded per step, and leave the
+    training RNG where it was, so the training rollouts are the ones the arm would draw without them.
+    Returns step_pass_rates' four: every prompt counts as seen, Knapsack-RL gets (p, K), and the log
+    gets the tracker's stale p_i beside the oracle's for comparison."""
+    args, tracker = run.args, run.tracker
+    M, K = len(roll.prompt_idx), args.oracle_samples
+    own = StepRollouts(roll.step, roll.prompt_idx, roll.prompt_tok_m, roll.answers_m)  # own stats, kept apart
+    oracle_seed = (args.seed * 1_000_003 + roll.step) * 7 + 3  # not any (step, round)'s 2 x (...) + round
+    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+        torch.manual_seed(oracle_seed)
+        _, rewards = sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
+    p = np.add.reduceat(np.array(rewards, dtype=float), np.arange(0, M * K, K)) / K  # (M,)
+    return p, np.ones(M, dtype=bool), (p, np.full(M, K)), {
+        "oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
+        # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
+        "stale_pass_rates": [round(float(q), 4) if seen else None for q, seen in
+                             zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]}
 
 
 def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t: float) -> Allocation:
@@ -389,45 +407,59 @@ def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t
     return Allocation(pass_rates, seen, budgets, tau)
 
 
-def oracle_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, dict]:
-    """(ours, a diagnostic: --pass-rate-source oracle, issue 42) Each prompt's *current* pass rate,
-    p_i = successes / K over K = --oracle-samples fresh rollouts of the current policy, instead of the
-    last visit's (stale by an epoch, from as few as B_low samples). These rollouts are never trained on
-    and not counted in the run's rollouts: they are what a perfect estimate would cost, logged apart
-    (oracle_rollouts, oracle_seconds). They draw from their own RNG, seeded per step, and leave the
-    training RNG where it was, so the training rollouts are the ones the arm would draw without them.
-    Returns (p (M,), the log's fields, with the tracker's stale p_i beside the oracle's for comparison)."""
-    args, tracker = run.args, run.tracker
-    M, K = len(roll.prompt_idx), args.oracle_samples
-    own = StepRollouts(roll.step, roll.prompt_idx, roll.prompt_tok_m, roll.answers_m)  # own stats, kept apart
-    oracle_seed = (args.seed * 1_000_003 + roll.step) * 7 + 3  # not any (step, round)'s 2 x (...) + round
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
-        torch.manual_seed(oracle_seed)
-        _, rewards = sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
-    p = np.add.reduceat(np.array(rewards, dtype=float), np.arange(0, M * K, K)) / K  # (M,)
-    return p, {"oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
-               # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
-               "stale_pass_rates": [round(float(q), 4) if seen else None for q, seen in
-                                    zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]}
-
-
-def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float):
+def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float) -> StepBatch:
     """Steps 2-4 with --probe (ours): B_low rollouts per prompt first, their outcomes pooled with the
-    last visits as p_i (probe_pass_rates), then only the B_i - B_low rollouts not drawn yet. Returns
-    (Allocation, completion ids, rewards, sampler log-probs), each prompt's probe rows first in its group."""
+    last visits as p_i (coba.probe_pass_rates), then only the B_i - B_low rollouts not drawn yet; each
+    prompt's probe rows come first in its group. One process only (cli refuses it under torchrun)."""
     args, tracker, prompt_idx = run.args, run.tracker, roll.prompt_idx
     M, B_low = len(prompt_idx), args.min_budget
     probe_budgets = [B_low] * M
     probe_ids, probe_rewards = sample_and_reward(run, roll, probe_budgets, round_=0)
     probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * B_low, B_low))  # (M,)
-    alloc = allocate_step(args, probe_pass_rates(tracker, prompt_idx, probe_successes, B_low),
-                          np.ones(M, dtype=bool), probe_knapsack_stats(tracker, prompt_idx, probe_rewards, B_low),
+    alloc = allocate_step(args, coba.probe_pass_rates(tracker, prompt_idx, probe_successes, B_low),
+                          np.ones(M, dtype=bool), coba.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, B_low),
                           alpha_t, beta_t)
     rest = [B - B_low for B in alloc.budgets]
     rest_ids, rest_rewards = sample_and_reward(run, roll, rest, round_=1)
-    return (alloc, merge_groups(probe_ids, probe_budgets, rest_ids, rest),
-            merge_groups(probe_rewards, probe_budgets, rest_rewards, rest),
-            merge_groups(roll.sampler_lps[0], probe_budgets, roll.sampler_lps[1], rest))
+    completion_ids = merge_groups(probe_ids, probe_budgets, rest_ids, rest)
+    return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), completion_ids,
+                     merge_groups(probe_rewards, probe_budgets, rest_rewards, rest), [len(c) for c in completion_ids],
+                     merge_groups(roll.sampler_lps[0], probe_budgets, roll.sampler_lps[1], rest))
+
+
+def dapo_rollouts(run: Run, step: int) -> StepBatch:
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2, a baseline): blocks of M prompts x G rollouts, each
+    the next M prompts of the order uniform GRPO's steps take (block b of the run samples with
+    uniform's step-b seed), until M groups carry signal or the block limit (dynamic_sampling.dapo_refill).
+    The kept groups are the batch, their p_i the tracker's as logged; the DynamicBatch rides along for
+    the visits and the accounting. One process only (cli refuses it under torchrun)."""
+    args, tracker = run.args, run.tracker
+    budgets = allocate.uniform_budgets(args.prompts_per_step, args.total_budget)  # G each (B_total = M * G)
+    ends, vstats, seconds, blocks = np.cumsum(budgets).tolist(), verify.VerifyStats(), [], run.counters.get("blocks", 0)
+
+    def next_block(b: int) -> list:  # the M groups of block b, each carrying its rows for the update
+        roll = step_prompts(run, blocks + b)
+        roll.vstats = vstats
+        ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
+        lps = roll.sampler_lps[0]
+        seconds.append(roll.gen_seconds)
+        return [dynamic_sampling.Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k],
+                                                             roll.prompts[k], ids[e - B:e], lps[e - B:e]))
+                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
+
+    left = None if args.max_rollouts is None else args.max_rollouts - run.counters["rollouts"]
+    dyn = dynamic_sampling.dapo_refill(next_block, args.prompts_per_step, args.max_num_gen_batches,
+                                       args.total_budget, left)
+    run.counters["blocks"] = blocks + dyn.blocks
+    kept = dyn.kept
+    roll = StepRollouts(step, [g.prompt for g in kept], [g.payload[0] for g in kept], [g.payload[1] for g in kept],
+                        [g.payload[2] for g in kept], vstats, sum(seconds))
+    p = tracker.pass_rates(roll.prompt_idx)
+    alloc = Allocation(p, tracker.seen(roll.prompt_idx), [len(g.rewards) for g in kept],
+                       coba.resolve_tau(args.tau, p) if len(p) else 0.0)
+    completion_ids = [c for g in kept for c in g.payload[3]]
+    return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), completion_ids, [r for g in kept for r in g.rewards],
+                     [len(c) for c in completion_ids], [lp for g in kept for lp in g.payload[4]], dapo=dyn)
 
 
 def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
@@ -451,38 +483,6 @@ def step_prompts(run: Run, step: int) -> StepRollouts:
     prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
     return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
                         [run.train_set[j]["answer"] for j in prompt_idx], prompts)
-
-
-def dapo_rollouts(run: Run, step: int):
-    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of M prompts x G
-    rollouts, each the next M prompts of the order uniform GRPO's steps take, until M groups carry
-    signal (or the block limit). Returns the kept groups as (StepRollouts, completion ids, rewards,
-    sampler log-probs) and the DynamicBatch. Block b of the run samples with uniform's step-b seed."""
-    args, M = run.args, run.args.prompts_per_step
-    budgets = allocate.uniform_budgets(M, args.total_budget)  # G each (B_total = M * G)
-    ends = np.cumsum(budgets).tolist()
-    limit = args.max_num_gen_batches
-    if args.max_rollouts is not None:  # departure (2): no more blocks than the rollout budget has left
-        limit = min(limit, (args.max_rollouts - run.counters["rollouts"]) // args.total_budget)
-    vstats, seconds = verify.VerifyStats(), []
-
-    def next_block(b: int) -> list:
-        roll = step_prompts(run, run.counters.get("blocks", 0) + b)
-        roll.vstats = vstats
-        ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
-        lps = roll.sampler_lps[0]
-        seconds.append(roll.gen_seconds)
-        return [dynamic_sampling.Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k],
-                                                             roll.prompts[k], ids[e - B:e], lps[e - B:e]))
-                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
-
-    dyn = dynamic_sampling.dynamic_sample(next_block, M, limit)
-    run.counters["blocks"] = run.counters.get("blocks", 0) + dyn.blocks
-    kept = dyn.kept
-    roll = StepRollouts(step, [g.prompt for g in kept], [g.payload[0] for g in kept], [g.payload[1] for g in kept],
-                        [g.payload[2] for g in kept], vstats, sum(seconds))
-    return (roll, [c for g in kept for c in g.payload[3]], [r for g in kept for r in g.rewards],
-            [lp for g in kept for lp in g.payload[4]], dyn)
 
 
 def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows,
@@ -515,94 +515,86 @@ def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, grou
             adv_stats)
 
 
-def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
-    """The log's reward and zero-signal fields over every rollout this step spent: the batch, or
-    with DAPO every generated group (dropped ones included), plus DAPO's own counts."""
-    if dyn is None:  # stats: grpo.group_advantages' over the batch
-        n_groups, zero_groups, zero_rollouts = stats["num_groups"], stats["zero_signal_groups"], stats["zero_signal_rollouts"]
-        extra = {"step_rollouts": len(rewards), "step_groups": n_groups}
-    else:
-        rewards = torch.tensor([r for g in dyn.generated for r in g.rewards], dtype=torch.float32)
-        n_groups, zero_groups, zero_rollouts = len(dyn.generated), dyn.zero_signal_groups, dyn.zero_signal_rollouts
-        extra = {"step_rollouts": dyn.rollouts, "step_groups": n_groups, "dapo_blocks": dyn.blocks,
-                 "dapo_kept_groups": len(dyn.kept), "dapo_surplus_groups": dyn.surplus_groups,
-                 "dapo_partial": dyn.partial}
-    return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "frac_reward_zero_std": zero_groups / n_groups, "zero_signal_groups": zero_groups,
-            "zero_signal_rollouts": zero_rollouts, **extra}
+def spent_stats(got: StepBatch, rewards: torch.Tensor, stats: dict) -> dict:
+    """The log's reward and zero-signal fields over every rollout this step spent: the batch
+    (stats: grpo.group_advantages' over it), or with DAPO every generated group, dropped ones
+    included, with DAPO's own counts (dynamic_sampling.DynamicBatch.accounting)."""
+    if got.dapo is not None:
+        rewards = torch.tensor(got.dapo.spent_rewards, dtype=torch.float32)
+    spent = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0}
+    if got.dapo is not None:
+        return {**spent, **got.dapo.accounting()}
+    n_groups = stats["num_groups"]
+    return {**spent, "frac_reward_zero_std": stats["zero_signal_groups"] / n_groups,
+            "zero_signal_groups": stats["zero_signal_groups"], "zero_signal_rollouts": stats["zero_signal_rollouts"],
+            "step_rollouts": len(rewards), "step_groups": n_groups}
+
+
+def log_completions(run: Run, step: int, got: StepBatch) -> None:
+    """--log-completions: a few of the step's rows to completions.jsonl and the tracker (tracking.py).
+    Rank 0 writes, from its own groups (all of them in one process)."""
+    if run.reporter is None or not run.args.log_completions or not got.completion_ids:
+        return
+    roll, share = got.roll, got.share
+    own, rows = share.owned[share.rank], share.rows()
+    run.reporter.log_completions(tracking.completion_rows(
+        step + 1, [roll.prompt_idx[i] for i in own], [roll.prompts[i] for i in own], [roll.answers_m[i] for i in own],
+        got.completion_ids, [got.rewards[r] for r in rows.tolist()], [got.alloc.budgets[i] for i in own],
+        got.alloc.pass_rates[own], run.tokenizer, run.args.log_completions))
 
 
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record."""
+    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record. Steps 1-4
+    are the paper's or an arm's (one call each): DAPO's refill, our --probe; MoPPS draws the prompts
+    (run.sampler), and the coba-oracle diagnostic the pass rates (step_pass_rates)."""
     args, tracker = run.args, run.tracker
-    t0, before, dyn, oracle = time.time(), run.counters["rollouts"], None, {}
+    t0, before = time.time(), run.counters["rollouts"]
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
     if args.dynamic_sampling:  # DAPO's arm (a baseline): steps 1-4 in blocks until M groups carry signal
-        roll, completion_ids, reward_list, lp_rows, dyn = dapo_rollouts(run, step)
-        p = tracker.pass_rates(roll.prompt_idx)
-        alloc = Allocation(p, tracker.seen(roll.prompt_idx), [len(g.rewards) for g in dyn.kept],
-                           coba.resolve_tau(args.tau, p) if len(p) else 0.0)
+        got = dapo_rollouts(run, step)
     else:
-        # 1. sample M prompts
+        # 1. sample M prompts (the seed's order, or MoPPS's Thompson draws: --prompt-selection mopps)
         roll = step_prompts(run, step)
-        # 2. allocate budgets from the tracker: p_i of the last visits, alpha_t and beta_t (eqs. 3-9)
         if args.probe:  # (ours, not the paper) steps 2-4 with B_low probe rollouts per prompt first
-            alloc, completion_ids, reward_list, lp_rows = probe_then_allocate(run, roll, alpha_t, beta_t)
+            got = probe_then_allocate(run, roll, alpha_t, beta_t)
         else:
-            if args.pass_rate_source == "oracle":  # (ours, a diagnostic) p_i from K fresh rollouts, not trained on
-                p, oracle = oracle_pass_rates(run, roll)
-                M = len(p)
-                alloc = allocate_step(args, p, np.ones(M, dtype=bool), (p, np.full(M, args.oracle_samples)),
-                                      alpha_t, beta_t)
-            else:
-                alloc = allocate_step(args, tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx),
-                                      tracker.knapsack_stats(roll.prompt_idx), alpha_t, beta_t)
+            # 2. allocate B_i from p_i (the last visits'; the oracle's: --pass-rate-source), alpha_t, beta_t (eqs. 3-9)
+            pass_rates, seen, knapsack_stats, extra = step_pass_rates(run, roll)
+            alloc = allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t, beta_t)
             # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
-            alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
-            share = dist.Share.of(alloc.budgets)
-            completion_ids, reward_list, row_lengths = sample_share(run, roll, share)
-            lp_rows = roll.sampler_lps[0]
-    prompt_idx, budgets, M = roll.prompt_idx, alloc.budgets, len(roll.prompt_idx)
-    if args.probe or dyn is not None:  # one process only (main refuses them under torchrun): every row is here
-        share, row_lengths = dist.Share.of(budgets), [len(c) for c in completion_ids]
+            got = sample_share(run, roll, alloc, extra)
+    roll, alloc, budgets = got.roll, got.alloc, got.alloc.budgets
     group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)], dtype=torch.long)  # (N,) prompt of each row
-    rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
-    successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
-    # 5. update the tracker (pass rates and F_t for the next allocation, eqs. 1, 4) and MoPPS's
-    # posteriors: each group generated is a visit (with DAPO the dropped ones too, in generation order)
-    if dyn is None:  # prompt-major; Knapsack-RL's p_hat reads them in order
-        visits = (prompt_idx, successes.tolist(), budgets, [r.tolist() for r in rewards.split(budgets)])
-    else:
-        visits = ([g.prompt for g in dyn.generated], [float(sum(g.rewards)) for g in dyn.generated],
-                  [len(g.rewards) for g in dyn.generated], [list(g.rewards) for g in dyn.generated])
+    rewards = torch.tensor(got.rewards, dtype=torch.float32)  # (N,)
+    successes = torch.zeros(len(budgets)).index_add_(0, group_ids, rewards)  # (M,)
+    # 5. update the tracker (pass rates and F_t for the next allocation, eqs. 1, 4) and MoPPS's posteriors:
+    # each group generated is a visit, prompt-major (Knapsack-RL's p_hat reads them in order); with DAPO
+    # every generated group, the dropped ones too, in generation order
+    visits = got.dapo.visits() if got.dapo is not None else (
+        roll.prompt_idx, successes.tolist(), budgets, [r.tolist() for r in rewards.split(budgets)])
     tracker.update(*visits[:3], rewards=visits[3])
     run.sampler.record(*visits[:3])
-    run.counters["rollouts"] += dyn.rollouts if dyn is not None else len(reward_list)  # all ranks' N
+    run.counters["rollouts"] += got.dapo.rollouts if got.dapo is not None else len(got.rewards)  # all ranks' N
     evaluate_inside(run, step, before, run.counters["rollouts"])
     # 6.-7. group advantages on ragged groups; clipped surrogate, mini-batch optimizer steps
-    metrics, lengths, adv_stats = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows, share,
-                                        row_lengths)
+    metrics, lengths, adv_stats = learn(run, step, roll, got.completion_ids, rewards, group_ids, got.lp_rows,
+                                        got.share, got.row_lengths)
     # 8. log
     run.counters["seconds"] += time.time() - t0
+    log_completions(run, step, got)
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
-    if run.reporter is not None and args.log_completions and completion_ids:  # a few rows to completions.jsonl
-        own, rows = share.owned[share.rank], share.rows()  # rank 0 writes: its own groups (all, in one process)
-        run.reporter.log_completions(tracking.completion_rows(step + 1, [prompt_idx[i] for i in own],
-            [roll.prompts[i] for i in own], [roll.answers_m[i] for i in own], completion_ids,
-            [reward_list[r] for r in rows.tolist()], [budgets[i] for i in own], alloc.pass_rates[own],
-            run.tokenizer, args.log_completions))
     theta = getattr(run.sampler, "last_draws", None)  # MoPPS: the chosen prompts' Thompson draws
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
-        **spent_stats(dyn, rewards, adv_stats),
+        **spent_stats(got, rewards, adv_stats),
         "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
-        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
+        "prompt_idx": roll.prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **got.share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
         "gen_seconds": round(roll.gen_seconds, 3),
-        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **oracle, **metrics,
+        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **got.extra, **metrics,
     }
 
 
