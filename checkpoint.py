@@ -16,7 +16,8 @@ the counters), and this file makes each piece of that safe:
   - read_log / truncate_log keep the JSONL log in step with the checkpoint on resume;
   - RunLock lets one run at a time use OUTPUT_DIR; prepare_run_dir settles fresh/--resume/--overwrite,
     and remove_run deletes an old run only once the new one's setup has succeeded;
-  - GracefulInterrupt turns the first Ctrl-C or SIGTERM into "finish this step, checkpoint, exit".
+  - GracefulInterrupt turns the first Ctrl-C or SIGTERM into "finish this step, checkpoint, exit";
+  - nonfinite finds a NaN/inf update before it can reach a checkpoint (train.stop_if_nonfinite stops).
 What a run deletes is only its own: `checkpoint-<digits>` and `checkpoint-<digits>.tmp` directories
 (OURS), and log.jsonl; never another name in OUTPUT_DIR, and never a checkpoint set aside as damaged.
 Tests: tests/test_reliability.py (a crash after every file operation of a save), tests/test_safety.py
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import random
 import re
@@ -258,6 +260,15 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
     _fsync(out)
     _save_step_done("sync dir")
     return final
+
+
+def nonfinite(metrics: dict, model) -> list[str]:
+    """What went NaN or inf in this step's update: 'loss', 'grad_norm', 'weights' (empty: all finite).
+    Checked before the step can reach a checkpoint, so the last checkpoint saved stays finite."""
+    bad = [key for key in ("loss", "grad_norm") if key in metrics and not math.isfinite(metrics[key])]
+    if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
+        bad.append("weights")
+    return bad
 
 
 class DamagedCheckpoint(Exception):

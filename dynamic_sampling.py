@@ -12,11 +12,12 @@ what compare.py's equal-rollouts axis charges it (docs/arms.md).
     has_signal        verl's rule: std of the group's rewards > 0, or a group of one rollout
     dynamic_sample    the refill loop over blocks, with the block limit; pure (a callback makes
                       each block), so tests drive it with scripted rewards
-    dapo_refill       the same under train.py's --max-rollouts: the block limit is also the blocks
-                      the rollout budget has left (departure 2)
+    dapo_rollouts     one update of train.py's arm: the refill over blocks that train.py samples
+                      (a callback), the block limit also the blocks --max-rollouts has left
+                      (departure 2), each group carrying its rows
     DynamicBatch      what one update produced, all train.py's rl_step needs of it: the kept groups
-                      (the batch), every generated group as a visit for the tracker and MoPPS, the
-                      rollouts spent, and the log's accounting of them (`accounting`)
+                      (the batch: `kept_rows`), every generated group as a visit for the tracker and
+                      MoPPS (`visits`), the rollouts spent, and the log's accounting (`accounting`)
 
 Departures (docs/arms.md):
 (1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10): at the
@@ -59,6 +60,7 @@ class DynamicBatch:
     blocks: int = 0  # generation blocks of M prompts x G rollouts this update used
     surplus_groups: int = 0  # groups with signal kept beyond M and dropped (verl: batch[:M * G])
     partial: bool = False  # the block limit came first: fewer than M groups kept (departure 1)
+    gen_seconds: float = 0.0  # generation time of every block (dapo_rollouts)
 
     @property
     def rollouts(self) -> int:
@@ -77,6 +79,16 @@ class DynamicBatch:
     def spent_rewards(self) -> list[float]:
         """Every generated rollout's reward, in generation order (the log's reward and reward_std)."""
         return [r for g in self.generated for r in g.rewards]
+
+    def kept_rows(self) -> dict:
+        """The batch as the update reads it, from the kept groups' payloads (dapo_rollouts'): per
+        group its prompt, tokens, answer, text and size; per row (prompt-major) its completion,
+        reward and sampler log-probs."""
+        kept = self.kept
+        return {"prompt_idx": [g.prompt for g in kept], "prompt_tok_m": [g.payload[0] for g in kept],
+                "answers_m": [g.payload[1] for g in kept], "prompts": [g.payload[2] for g in kept],
+                "budgets": [len(g.rewards) for g in kept], "completion_ids": [c for g in kept for c in g.payload[3]],
+                "rewards": [r for g in kept for r in g.rewards], "lp_rows": [lp for g in kept for lp in g.payload[4]]}
 
     def visits(self) -> tuple[list[int], list[float], list[int], list[list[float]]]:
         """Every generated group as one visit of its prompt, in generation order, the dropped ones
@@ -119,10 +131,28 @@ def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks:
     return out
 
 
-def dapo_refill(next_block: Callable[[int], list[Group]], M: int, max_blocks: int, block_rollouts: int,
-                rollouts_left: int | None = None) -> DynamicBatch:
-    """dynamic_sample for one update of train.py: at most `max_blocks` blocks (--max-num-gen-batches)
-    and, under --max-rollouts (rollouts_left: what the budget has left), no more blocks of
-    `block_rollouts` = M x G than it pays for (departure 2), so a run ends at exactly its budget."""
+
+def dapo_rollouts(sample_block: Callable[[int], tuple], budgets: list[int], max_blocks: int,
+                  rollouts_left: int | None = None) -> DynamicBatch:
+    """One update of train.py's DAPO arm: dynamic_sample over blocks of M prompts with `budgets` (G
+    each) rollouts, at most `max_blocks` (--max-num-gen-batches) and, under --max-rollouts (rollouts_left:
+    what the budget has left), no more blocks than it pays for (departure 2), so that a run ends at
+    exactly its budget. sample_block(b) -> (roll, completion ids, rewards) of block b, rows prompt-major;
+    roll (train.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows'
+    sampler log-probs (round 0) and its generation seconds. Each group carries its prompt's and rows'
+    share of them as payload, for DynamicBatch.kept_rows."""
+    seconds, ends = [], [sum(budgets[:k + 1]) for k in range(len(budgets))]
+
+    def next_block(b: int) -> list[Group]:
+        roll, ids, rewards = sample_block(b)
+        seconds.append(roll.gen_seconds)
+        lps = roll.sampler_lps[0]
+        return [Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k], roll.prompts[k], ids[e - B:e],
+                                             lps[e - B:e]))
+                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
+
+    block_rollouts = sum(budgets)
     limit = max_blocks if rollouts_left is None else min(max_blocks, rollouts_left // block_rollouts)
-    return dynamic_sample(next_block, M, limit)
+    out = dynamic_sample(next_block, len(budgets), limit)
+    out.gen_seconds = sum(seconds)
+    return out

@@ -9,8 +9,10 @@ is Table 1's "Avg." column (eval_mean_avg@k); the held-out split of the training
     evaluate         one eval set: greedy, avg@k (+ its standard error), pass@k; per level on the labs
     accuracies       those numbers from the 0/1 outcomes (pure: tests call it directly)
     run_eval         every eval set, one JSONL record, sampled from its own RNG (common random numbers)
-    evaluate_inside  --eval-every-rollouts points that fall inside one update's generation (DAPO's arm)
-    start_end        the summary's first and final accuracies (cli.closing_line prints them)
+    eval_due, evaluate_inside   when a run evaluates: every --eval-every steps or --eval-every-rollouts,
+                     and the points that fall inside one update's generation (DAPO's arm)
+    final_summary, start_end    the final evaluation and the summary's first and final accuracies
+                     (cli.closing_line prints them)
     eval_only        --eval-only: a model or checkpoint directory evaluated without training
     curve, hardest_level   the records read back: a metric against rollouts, the hardest level's curve
                      (compare.py's per-run numbers)
@@ -36,7 +38,7 @@ import torch
 
 import dist
 import verify
-from checkpoint import RunLock, prepare_run_dir, run_config
+from checkpoint import RunLock, prepare_run_dir, read_log, run_config
 from cli import eval_table, progress_bars
 from data import fit_prompt_length, format_prompt, load_data
 from models import load_model_and_tokenizer
@@ -134,6 +136,26 @@ def evaluate_inside(run, step: int, before: int, after: int) -> None:
     if E:
         for X in range((before // E + 1) * E, after, E):
             run_eval(run, step + 1, extra={"rollouts": X, "before_update": True})
+
+
+def eval_due(args, step: int, rollouts: int) -> bool:
+    """An evaluation after this step (1-based): every --eval-every steps, or each time --eval-every-rollouts
+    more rollouts are spent (it replaces --eval-every: cli.check_arm_flags). The last one is final_summary's."""
+    E = args.eval_every_rollouts
+    return bool((args.eval_every and step % args.eval_every == 0) or (E and rollouts % E == 0))
+
+
+def final_summary(run, done: int) -> dict:
+    """The run's final evaluation (at step `done`) and its summary record: steps, rollouts, the seconds
+    training and evaluating took, the first and final accuracies (start_end). Resumed after a crash
+    during the final evaluation, the log may hold it already: not twice."""
+    evals = dist.on_rank0(lambda: [r for r in read_log(run.out / "log.jsonl") if r.get("type") == "eval"])
+    final = (next((r for r in evals if r["step"] == done and not r.get("before_update")), None)
+             or run_eval(run, done))
+    return {"type": "summary", "step": done, "rollouts": run.counters["rollouts"],
+            "train_seconds": round(run.counters["seconds"], 1),
+            "eval_seconds": round(sum(r.get("eval_seconds", 0.0) for r in evals + [final] * (final not in evals)), 1),
+            **start_end((evals or [final])[0], final, run.args.eval_samples)}
 
 
 def start_end(first: dict, final: dict, k: int) -> dict:

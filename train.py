@@ -15,38 +15,30 @@ One step of the loop below, in the order of method.md §3:
     7. clipped surrogate, optimizer steps   -> grpo.per_token_logps, grpo.clipped_policy_loss
     8. log a JSONL line; evaluate; checkpoint (model, optimizer, RNG, tracker, sampler)
 
-With no arguments it trains the tiny offline model of toy.py on CPU in a few minutes:
-    python train.py
-The paper's setting, on one GPU:
-    python train.py --model Qwen2.5-1.5B --dataset math --use-vllm
-rl_step below is that one step; --probe (ours, not the paper) is probe_then_allocate. Kept out of
-this file: the command line, its flags, toy vs real-model presets and range checks (cli.py); reading
-and checking data files (data.py); and what makes a run safe to stop and resume: atomic
-checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
-The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_rollouts: blocks of
-M x G until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
-from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
-LoRA (--use-peft, ours) is lora.py: setup wraps the model, and the KL reference is the base under
-the adapter.
-Several processes (data-parallel, `torchrun --nproc_per_node N train.py ...`): dist.py holds all of
-it; here it shows as one Share per step (which whole groups this rank generates and trains on) and
-the gathers after generation, so the tracker, advantages and log see the whole step on every rank.
-Under torchrun main refuses --probe, --eval-only, --dynamic-sampling, --prompt-selection mopps and
---use-peft (one process only, for now: main says why). --fsdp shards the model with FSDP2 (dist.py's
-three rules: generation inside dist.gathered, micro-batches padded to the same count, summed
-gradients); without it every rank holds the whole model.
+With no arguments it trains the tiny offline model of toy.py on CPU in a few minutes (`python
+train.py`); the paper's setting on one GPU: `python train.py --model Qwen2.5-1.5B --dataset math --use-vllm`.
+rl_step below is that one step, one call per step of the list; each arm beside the paper's is one
+call behind its name (docs/arms.md): DAPO's refill (--dynamic-sampling: dapo_rollouts; its blocks and
+accounting in dynamic_sampling.py), our in-step probe (--probe: probe_then_allocate), MoPPS's prompt
+choice (--prompt-selection mopps: run.sampler) and the coba-oracle diagnostic (--pass-rate-source
+oracle: oracle_pass_rates). App. C's mini-batch update is grpo.policy_update. Kept out of this file:
+evaluation the paper's way and --eval-only (evaluate.py); the flags, presets and every refusal
+(cli.py); data files (data.py); safe stop and exact resume (checkpoint.py); LoRA and its KL reference
+(--use-peft: lora.py); everything of several processes (`torchrun --nproc_per_node N train.py`,
+dist.py), which shows here as one Share per step (the whole groups this rank generates and trains
+on), the gather after generation (the tracker, advantages and log see the whole step on every rank)
+and this rank's micro-batches of each mini-batch; --fsdp shards the model (dist.py's three rules).
 Left out on purpose: DeepSpeed, sharded checkpoint files (torch.distributed.checkpoint), async rollouts.
-Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm),
-tests/test_arms.py (knapsack, coba-released, --probe) and tests/test_arms_dapo_mopps.py (dapo, mopps,
-mopps+coba); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes, NaNs, a second run and
-bad data files: tests/test_reliability.py.
+Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm), tests/test_arms.py
+(knapsack, coba-released, --probe), tests/test_arms_dapo_mopps.py (dapo, mopps, mopps+coba),
+tests/test_regime.py (the oracle); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes,
+NaNs, a second run and bad data files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -68,127 +60,19 @@ import plots
 import tracking
 import verify
 from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, find_checkpoint, finished_summary,
-                        prepare_run_dir, read_log, remove_run, resume_every_rank, run_config, save_checkpoint,
+                        nonfinite, prepare_run_dir, remove_run, resume_every_rank, run_config, save_checkpoint,
                         saved_config)
-from cli import (build_parser, closing_line, progress_bars,  # the command line: flags, presets,
-                 resolve_args)  # range checks, and what it prints at the end
+from cli import (build_parser, check_launch, closing_line, progress_bars,  # the command line: flags, presets,
+                 resolve_args)  # range checks and refusals, and what it prints at the end
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
-from evaluate import eval_only, evaluate_inside, run_eval, start_end  # the paper's avg@k, pass@k, greedy; --eval-only
+from evaluate import eval_due, eval_only, evaluate_inside, final_summary, run_eval  # avg@k, pass@k, greedy; --eval-only
+from grpo import policy_update  # App. C's mini-batch update: the clipped surrogate's optimizer steps
 from models import identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
 
 # ----------------------------------------------------------------------------------------------
-# Policy update: GRPO on ragged groups, split into mini-batches (paper: 2 optimizer steps a step)
-# ----------------------------------------------------------------------------------------------
-def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
-                  autocast=contextlib.nullcontext) -> dict:
-    """GRPO on one step's rollouts (App. C): `num_mini_batches` optimizer steps over a shuffled split of
-    the N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
-    pi_old: see frozen_logps. --shared-prompt-forward (a speed-up, the same sums up to float rounding:
-    tests/test_speed.py) runs each distinct prompt once per micro-batch, a mini-batch's rows sorted by
-    prompt so that a prompt's rows share micro-batches (grpo.per_token_logps_shared_prompt).
-    Under torchrun this rank holds n of the N rows (batch["rows"]); mini-batches are drawn over all N
-    and normalised by their global size, so the gradients summed over ranks are one process's."""
-    ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
-    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,) this rank's rows among the N
-    lengths = batch.get("lengths", cmask.sum(1))  # (N,) every row's completion length
-    sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
-    cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
-    N, T = cmask.shape
-    shared = getattr(args, "shared_prompt_forward", False)
-    logps_fn = grpo.per_token_logps_shared_prompt if shared else grpo.per_token_logps
-
-    def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
-        with autocast():
-            return logps_fn(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
-
-    micro = args.micro_batch_size
-    own_first = batch.get("old_logps") is not None  # the first mini-batch's own detached forward is pi_old
-    old_logps, ref_logps = frozen_logps(mb, model, ref_model, N, micro, batch.get("old_logps"),
-                                        need_old=args.num_mini_batches > 1)  # (N, T) each, or None
-    N_all = len(lengths)
-    perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
-    sharded = dist.is_sharded(model)  # --fsdp (walks the modules: once per update, not per mini-batch)
-    sums: dict[str, float] = {}
-    gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
-    for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
-        # the whole mini-batch's normaliser (all ranks): accumulated micro-batches give one big batch's gradient
-        normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
-        for rows, pad in dist.micro_batches(global_chunk, rows_global, N_all, micro, sharded, by_prompt=shared):
-            logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
-            if pad:  # --fsdp: a micro-batch of weight 0, so that every rank runs as many (dist.py rule 2)
-                (logps.sum() * 0.0).backward()
-                continue
-            old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
-            is_weights = None
-            if sampler_logps is not None:  # vLLM: the trainer's log-probs at rollout time vs the sampler's
-                is_weights, gap_sums = grpo.sampler_gap(old, sampler_logps[rows], cmask[rows], cap)  # (n, T) or None
-                gap = [g + s for g, s in zip(gap, gap_sums)]
-            loss, metrics = grpo.clipped_policy_loss(
-                logps, old, adv[rows], cmask[rows], epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
-                ref_logps=None if ref_logps is None else ref_logps[rows], beta=args.beta,
-                loss_type=args.loss_type, max_completion_length=args.max_completion_length,
-                normalizer=normalizer, entropy=entropy, token_weights=is_weights)
-            loss.backward()
-            w = len(rows) / N_all  # metrics averaged over rows of the whole batch (all ranks)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
-        if not sharded:  # --fsdp: the reduce-scatter in each backward summed them already
-            dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
-        sums["grad_norm"] = dist.grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-    sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
-    return {**sums, **grpo.sampler_gap_means(*dist.all_reduce_sums(dict(enumerate(gap))).values(), cap=cap)}
-
-
-def frozen_logps(mb, model, ref_model, N: int, micro: int, old_logps=None, need_old: bool = True) -> tuple:
-    """(pi_old's, pi_ref's) log-probs of the N rows before the update, (N, T) each or None, from no-grad
-    forwards in micro-batches (mb(rows, model) is one). pi_ref is the frozen reference model's (--beta > 0).
-    pi_old is the rollout policy's, needed once the first optimizer step has moved the policy (need_old:
-    more than one mini-batch). A speed-up, the plain computation up to float rounding (tests/test_speed.py):
-    old_logps (HF rollouts with --sampler-logps) are generation's own log pi(o_t), under the same weights,
-    and replace this forward; and the first mini-batch needs none at all: the policy has not moved yet,
-    so its own detached forward is pi_old (ratio exactly 1, as in the one-mini-batch case)."""
-    rows_all, ref_logps = torch.arange(N), None
-    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
-    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
-        if need_old and old_logps is None:
-            old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None:
-            ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
-    model.train()
-    return old_logps, ref_logps
-
-
-def make_optimizer(model, args):
-    """AdamW (paper App. C), or bitsandbytes' 8-bit AdamW to halve optimizer memory on a GPU."""
-    if args.optim == "adamw8bit":
-        try:
-            import bitsandbytes as bnb
-        except ImportError:
-            raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
-                             "CUDA only): or use --optim adamw")
-        return bnb.optim.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
-                                   weight_decay=0.0)
-    params = [p for p in model.parameters() if p.requires_grad]  # --use-peft: LoRA's A and B only
-    return torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-
-
-def nonfinite(metrics: dict, model) -> list[str]:
-    """What went NaN or inf in this step's update: 'loss', 'grad_norm', 'weights' (empty: all finite).
-    Checked before the step can reach a checkpoint, so the last checkpoint saved stays finite."""
-    bad = [key for key in ("loss", "grad_norm") if key in metrics and not math.isfinite(metrics[key])]
-    if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
-        bad.append("weights")
-    return bad
-
-
-# ----------------------------------------------------------------------------------------------
-# The training loop: setup, then rl_step once per step (method.md §3), then the final evaluation
+# What one run holds, and its setup (fresh, or restored from a checkpoint)
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Run:
@@ -313,6 +197,20 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     return run, start
 
 
+def make_optimizer(model, args):
+    """AdamW (paper App. C), or bitsandbytes' 8-bit AdamW to halve optimizer memory on a GPU."""
+    if args.optim == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
+                             "CUDA only): or use --optim adamw")
+        return bnb.optim.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
+                                   weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # --use-peft: LoRA's A and B only
+    return torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
+
+
 def open_log(run: Run, start: int, resume_from: Path | None, config: dict) -> None:
     """OUTPUT_DIR/log.jsonl and --report-to's tracker, rank 0's (the other ranks write to devnull). A
     fresh run starts its log with the config line (its flags, and `config`) and the step-0
@@ -330,35 +228,17 @@ def open_log(run: Run, start: int, resume_from: Path | None, config: dict) -> No
         run_eval(run, 0)
 
 
-def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int,
-                      seed: int | None = None) -> tuple[list, list[float]]:
-    """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,).
-    seed (vLLM's request seeds; HF draws from the global torch RNG): by default one per (step, round)."""
+# ----------------------------------------------------------------------------------------------
+# One RL step (method.md §3): steps 1-4 the paper's way or an arm's, then rl_step
+# ----------------------------------------------------------------------------------------------
+def step_prompts(run: Run, step: int) -> StepRollouts:
+    """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
+    --prompt-selection), tokenised once per prompt (not per rollout)."""
     args = run.args
-    t_gen = time.time()
-    with run.amp(), dist.gathered(run.model):  # --fsdp: whole weights while decoding (dist.py rule 1)
-        completions = generate_groups(
-            run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
-            temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
-            generator=run.generator, seed=2 * (args.seed * 1_000_003 + roll.step) + round_ if seed is None else seed,
-            logprobs_out=roll.sampler_lps.setdefault(round_, []), hf_logprobs=args.sampler_logps,
-            share_prompt_prefill=args.shared_prompt_prefill)
-    roll.gen_seconds += time.time() - t_gen
-    answers = [a for a, B in zip(roll.answers_m, budgets) for _ in range(B)]
-    return completions, verify.rewards(decode(run.tokenizer, completions), answers,
-                                       last_number_fallback=args.last_number_fallback, stats=roll.vstats)
-
-
-def sample_share(run: Run, roll: StepRollouts, alloc: Allocation, extra: dict) -> StepBatch:
-    """Steps 3-4 on this rank's whole groups (all of them in one process): rank 0's B_i on every rank,
-    B_i completions of each of its prompts, their rewards. The step's N rewards and completion lengths
-    are gathered from every rank in prompt-major order (dist.gather_rows): what the tracker, the
-    advantages and the log read; the completions stay this rank's."""
-    alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
-    share = dist.Share.of(alloc.budgets)
-    completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
-    rewards, row_lengths = dist.gather_rows(share, rewards, [len(c) for c in completion_ids])
-    return StepBatch(roll, alloc, share, completion_ids, rewards, row_lengths, roll.sampler_lps[0], extra=extra)
+    prompt_idx = run.sampler.next(args.prompts_per_step)
+    prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
+    return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
+                        [run.train_set[j]["answer"] for j in prompt_idx], prompts)
 
 
 def step_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, np.ndarray, tuple, dict]:
@@ -407,6 +287,37 @@ def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t
     return Allocation(pass_rates, seen, budgets, tau)
 
 
+def sample_share(run: Run, roll: StepRollouts, alloc: Allocation, extra: dict) -> StepBatch:
+    """Steps 3-4 on this rank's whole groups (all of them in one process): rank 0's B_i on every rank,
+    B_i completions of each of its prompts, their rewards. The step's N rewards and completion lengths
+    are gathered from every rank in prompt-major order (dist.gather_rows): what the tracker, the
+    advantages and the log read; the completions stay this rank's."""
+    alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
+    share = dist.Share.of(alloc.budgets)
+    completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
+    rewards, row_lengths = dist.gather_rows(share, rewards, [len(c) for c in completion_ids])
+    return StepBatch(roll, alloc, share, completion_ids, rewards, row_lengths, roll.sampler_lps[0], extra=extra)
+
+
+def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int,
+                      seed: int | None = None) -> tuple[list, list[float]]:
+    """Steps 3-4 for one generation round: B_i completions of prompt i, binary rewards (N,).
+    seed (vLLM's request seeds; HF draws from the global torch RNG): by default one per (step, round)."""
+    args = run.args
+    t_gen = time.time()
+    with run.amp(), dist.gathered(run.model):  # --fsdp: whole weights while decoding (dist.py rule 1)
+        completions = generate_groups(
+            run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
+            temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,
+            generator=run.generator, seed=2 * (args.seed * 1_000_003 + roll.step) + round_ if seed is None else seed,
+            logprobs_out=roll.sampler_lps.setdefault(round_, []), hf_logprobs=args.sampler_logps,
+            share_prompt_prefill=args.shared_prompt_prefill)
+    roll.gen_seconds += time.time() - t_gen
+    answers = [a for a, B in zip(roll.answers_m, budgets) for _ in range(B)]
+    return completions, verify.rewards(decode(run.tokenizer, completions), answers,
+                                       last_number_fallback=args.last_number_fallback, stats=roll.vstats)
+
+
 def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float) -> StepBatch:
     """Steps 2-4 with --probe (ours): B_low rollouts per prompt first, their outcomes pooled with the
     last visits as p_i (coba.probe_pass_rates), then only the B_i - B_low rollouts not drawn yet; each
@@ -428,61 +339,28 @@ def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: fl
 
 
 def dapo_rollouts(run: Run, step: int) -> StepBatch:
-    """Steps 1-4 with --dynamic-sampling (DAPO §3.2, a baseline): blocks of M prompts x G rollouts, each
-    the next M prompts of the order uniform GRPO's steps take (block b of the run samples with
-    uniform's step-b seed), until M groups carry signal or the block limit (dynamic_sampling.dapo_refill).
-    The kept groups are the batch, their p_i the tracker's as logged; the DynamicBatch rides along for
-    the visits and the accounting. One process only (cli refuses it under torchrun)."""
-    args, tracker = run.args, run.tracker
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2, a baseline): blocks of M prompts x G rollouts,
+    each the next M prompts of uniform GRPO's order with uniform's seed for that step, until M groups
+    carry signal or the block limit (dynamic_sampling.dapo_rollouts). The kept groups are the batch,
+    their p_i the tracker's as logged. One process only (cli refuses it under torchrun)."""
+    args, tracker, blocks, vstats = run.args, run.tracker, run.counters.get("blocks", 0), verify.VerifyStats()
     budgets = allocate.uniform_budgets(args.prompts_per_step, args.total_budget)  # G each (B_total = M * G)
-    ends, vstats, seconds, blocks = np.cumsum(budgets).tolist(), verify.VerifyStats(), [], run.counters.get("blocks", 0)
 
-    def next_block(b: int) -> list:  # the M groups of block b, each carrying its rows for the update
+    def sample_block(b: int) -> tuple:  # block b of this update is the run's block blocks + b
         roll = step_prompts(run, blocks + b)
-        roll.vstats = vstats
-        ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
-        lps = roll.sampler_lps[0]
-        seconds.append(roll.gen_seconds)
-        return [dynamic_sampling.Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k],
-                                                             roll.prompts[k], ids[e - B:e], lps[e - B:e]))
-                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
+        roll.vstats = vstats  # one count over the update's blocks
+        return (roll, *sample_and_reward(run, roll, budgets, round_=0))
 
     left = None if args.max_rollouts is None else args.max_rollouts - run.counters["rollouts"]
-    dyn = dynamic_sampling.dapo_refill(next_block, args.prompts_per_step, args.max_num_gen_batches,
-                                       args.total_budget, left)
+    dyn = dynamic_sampling.dapo_rollouts(sample_block, budgets, args.max_num_gen_batches, left)
     run.counters["blocks"] = blocks + dyn.blocks
-    kept = dyn.kept
-    roll = StepRollouts(step, [g.prompt for g in kept], [g.payload[0] for g in kept], [g.payload[1] for g in kept],
-                        [g.payload[2] for g in kept], vstats, sum(seconds))
+    kept = dyn.kept_rows()
+    roll = StepRollouts(step, kept["prompt_idx"], kept["prompt_tok_m"], kept["answers_m"], kept["prompts"], vstats,
+                        dyn.gen_seconds)
     p = tracker.pass_rates(roll.prompt_idx)
-    alloc = Allocation(p, tracker.seen(roll.prompt_idx), [len(g.rewards) for g in kept],
-                       coba.resolve_tau(args.tau, p) if len(p) else 0.0)
-    completion_ids = [c for g in kept for c in g.payload[3]]
-    return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), completion_ids, [r for g in kept for r in g.rewards],
-                     [len(c) for c in completion_ids], [lp for g in kept for lp in g.payload[4]], dapo=dyn)
-
-
-def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
-    """Stop before a NaN/inf state can reach a checkpoint: the last one saved stays finite."""
-    bad = nonfinite(metrics, run.model)
-    if bad:
-        last = find_checkpoint(run.out)
-        kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
-        message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
-                   f"--learning-rate ({run.args.learning_rate}) and start again with --overwrite")
-        run.write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
-        run.log.close()
-        raise SystemExit(f"error: {message}")
-
-
-def step_prompts(run: Run, step: int) -> StepRollouts:
-    """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
-    --prompt-selection), tokenised once per prompt (not per rollout)."""
-    args = run.args
-    prompt_idx = run.sampler.next(args.prompts_per_step)
-    prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
-    return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
-                        [run.train_set[j]["answer"] for j in prompt_idx], prompts)
+    alloc = Allocation(p, tracker.seen(roll.prompt_idx), kept["budgets"], coba.resolve_tau(args.tau, p) if len(p) else 0.0)
+    return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), kept["completion_ids"], kept["rewards"],
+                     [len(c) for c in kept["completion_ids"]], kept["lp_rows"], dapo=dyn)
 
 
 def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows,
@@ -515,6 +393,19 @@ def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, grou
             adv_stats)
 
 
+def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
+    """Stop before a NaN/inf state can reach a checkpoint: the last one saved stays finite."""
+    bad = nonfinite(metrics, run.model)
+    if bad:
+        last = find_checkpoint(run.out)
+        kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
+        message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
+                   f"--learning-rate ({run.args.learning_rate}) and start again with --overwrite")
+        run.write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
+        run.log.close()
+        raise SystemExit(f"error: {message}")
+
+
 def spent_stats(got: StepBatch, rewards: torch.Tensor, stats: dict) -> dict:
     """The log's reward and zero-signal fields over every rollout this step spent: the batch
     (stats: grpo.group_advantages' over it), or with DAPO every generated group, dropped ones
@@ -528,19 +419,6 @@ def spent_stats(got: StepBatch, rewards: torch.Tensor, stats: dict) -> dict:
     return {**spent, "frac_reward_zero_std": stats["zero_signal_groups"] / n_groups,
             "zero_signal_groups": stats["zero_signal_groups"], "zero_signal_rollouts": stats["zero_signal_rollouts"],
             "step_rollouts": len(rewards), "step_groups": n_groups}
-
-
-def log_completions(run: Run, step: int, got: StepBatch) -> None:
-    """--log-completions: a few of the step's rows to completions.jsonl and the tracker (tracking.py).
-    Rank 0 writes, from its own groups (all of them in one process)."""
-    if run.reporter is None or not run.args.log_completions or not got.completion_ids:
-        return
-    roll, share = got.roll, got.share
-    own, rows = share.owned[share.rank], share.rows()
-    run.reporter.log_completions(tracking.completion_rows(
-        step + 1, [roll.prompt_idx[i] for i in own], [roll.prompts[i] for i in own], [roll.answers_m[i] for i in own],
-        got.completion_ids, [got.rewards[r] for r in rows.tolist()], [got.alloc.budgets[i] for i in own],
-        got.alloc.pass_rates[own], run.tokenizer, run.args.log_completions))
 
 
 def rl_step(run: Run, step: int) -> dict:
@@ -581,7 +459,8 @@ def rl_step(run: Run, step: int) -> dict:
                                         got.share, got.row_lengths)
     # 8. log
     run.counters["seconds"] += time.time() - t0
-    log_completions(run, step, got)
+    if run.reporter is not None and args.log_completions and got.completion_ids:  # a few rows to completions.jsonl
+        run.reporter.log_completions(tracking.step_completions(step + 1, got, run.tokenizer, args.log_completions))
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
     theta = getattr(run.sampler, "last_draws", None)  # MoPPS: the chosen prompts' Thompson draws
     return {
@@ -598,6 +477,9 @@ def rl_step(run: Run, step: int) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------------------------
+# The run: rl_step once per step, evaluating and checkpointing between steps; main
+# ----------------------------------------------------------------------------------------------
 def train(args) -> dict:
     """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
     dict (also the last line of the JSONL log)."""
@@ -637,9 +519,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             bar.set_postfix(reward=f"{record['reward']:.3f}", F=f"{record['F_t']:.2f}", a=f"{record['alpha_t']:.2f}")
             done = step + 1
             finished = done == args.steps or budget_spent(args, run.counters)
-            E = args.eval_every_rollouts  # (--eval-every-rollouts replaces --eval-every: cli.check_arm_flags)
-            if not finished and ((args.eval_every and done % args.eval_every == 0)
-                                 or (E and run.counters["rollouts"] % E == 0)):
+            if not finished and eval_due(args, done, run.counters["rollouts"]):  # (the last one: below)
                 run_eval(run, done)
             if dist.any_rank(interrupt.requested) and not interrupt.requested:  # another rank's signal
                 interrupt.requested, interrupt.signum = True, signal.SIGTERM
@@ -650,14 +530,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 run.log.close()
                 return {"interrupted": True, "step": done, "exit_code": interrupt.exit_code}
-    # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
-    evals = dist.on_rank0(lambda: [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"])
-    final = (next((r for r in evals if r["step"] == done and not r.get("before_update")), None)
-             or run_eval(run, done))
-    summary = {"type": "summary", "step": done, "rollouts": run.counters["rollouts"],
-               "train_seconds": round(run.counters["seconds"], 1),
-               "eval_seconds": round(sum(r.get("eval_seconds", 0.0) for r in evals + [final] * (final not in evals)), 1),
-               **start_end((evals or [final])[0], final, args.eval_samples)}
+    summary = final_summary(run, done)  # the final evaluation, and the first and final accuracies
     run.write(summary)
     run.log.close()
     if dist.current().main:
@@ -666,27 +539,11 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     return summary
 
 
-
 def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
-    if dist.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        # One process only, for now: --probe's and DAPO's extra generation rounds are not split by a
-        # Share; MoPPS and LoRA have no torchrun test yet (MoPPS's draws are seeded and its posteriors
-        # read the gathered rewards, but untested; LoRA's random A would also need rank 0's broadcast).
-        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only),
-                         ("--dynamic-sampling", args.dynamic_sampling), ("--use-peft", args.use_peft),
-                         ("--prompt-selection mopps", args.prompt_selection == "mopps"),
-                         ("--pass-rate-source oracle", args.pass_rate_source == "oracle")):
-            if on:
-                raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
-    if args.fsdp and not dist.launched_by_torchrun():
-        raise SystemExit("error: --fsdp shards the model over torchrun's processes: launch with "
-                         "torchrun --nproc_per_node N train.py ... --fsdp, or drop --fsdp")
-    if args.fsdp and int(os.environ.get("WORLD_SIZE", 1)) > args.prompts_per_step:
-        raise SystemExit(f"error: --fsdp needs a group on every rank: --prompts-per-step {args.prompts_per_step} is "
-                         f"fewer than the {os.environ['WORLD_SIZE']} processes; raise it or launch fewer")
+    check_launch(args)  # what torchrun's processes do not run (yet): one line, before any process group
     ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not ranks.main:  # one set of progress bars: rank 0's
         args.no_progress = True
