@@ -21,6 +21,7 @@ import pytest
 import checkpoint
 import compare
 import evaluate
+import stats
 import train
 from test_step import BASE, FixedRollouts, is_correct
 
@@ -104,10 +105,10 @@ def test_tables_carry_the_hardest_level_with_a_paired_ci():
             for seed, (u, c) in enumerate([(0.30, 0.40), (0.32, 0.41), (0.28, 0.43)])
             for arm, hard in (("uniform", u), ("coba", c))]
     assert {r["hard_level"] for r in runs} == {4} and runs[1]["final_hard"] == 0.40
-    summary, diffs = compare.compare_arms(runs)
+    summary, diffs = stats.compare_arms(runs)
     d = next(d for d in diffs if d["arm"] == "coba")["final_hard"]
     assert d["mean"] == pytest.approx(np.mean([0.10, 0.09, 0.15])) and d["lo"] > 0
-    table = compare.markdown_table(summary, diffs, "avg@2", 2, hard_label=" (level 4, n = 10)")
+    table = stats.markdown_table(summary, diffs, "avg@2", 2, hard_label=" (level 4, n = 10)")
     assert "final avg@2, hardest level (level 4, n = 10)" in table.splitlines()[0]
     coba_row = next(line for line in table.splitlines() if line.startswith("| coba "))
     assert "0.413 (+0.113 [" in coba_row
