@@ -165,7 +165,7 @@ PRESETS = {
                  seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
     # issue 42: uniform GRPO at one B_total = 256 a step, (M, G) from (16, 16) to (128, 2), on toy-reason's regime
     "breadth-depth": dict(arms=[f"uniform:M{M}xG{256 // M}" for M in (16, 32, 64, 128)], seeds=[0, 1, 2, 3, 4],
-                          steps=40, eval_every=20, model="toy-reason"),
+                          steps=40, eval_every=20, model="toy-reason", baseline="uniform:M16xG16"),  # deepest first
     # issue 42: the paper's regime scaled down (PAPER_REGIME), with the oracle diagnostic beside the arms
     "paper-regime": dict(arms=["uniform", "coba", "coba-released", "knapsack", "dapo", "coba-oracle"],
                          seeds=[0, 1, 2, 3, 4], steps=120, eval_every=20, model="toy-reason", flags=PAPER_REGIME),
@@ -669,7 +669,8 @@ def main(argv: list[str] | None = None) -> dict:
     # a redraw keeps runs.jsonl's order (its --arms may list the table's arms in another order: issue 32)
     write_store(table_dir, store, [] if args.plots_only else jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
-    summary, diffs = compare_arms(runs) if any(r["arm"] == "uniform" for r in runs) else ([], [])
+    baseline = PRESETS[args.preset].get("baseline", "uniform")  # what every arm is paired against
+    summary, diffs = compare_arms(runs, baseline) if any(r["arm"] == baseline for r in runs) else ([], [])
     config = {"type": "config", "preset": args.preset, "argv": sys.argv[1:] if argv is None else argv,
               "train_flags": extra, "arms": {a: ARMS[a] for a in dict.fromkeys([*args.arms, *(a for a, _ in carried)])},
               "seeds": args.seeds,
@@ -680,14 +681,14 @@ def main(argv: list[str] | None = None) -> dict:
         config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
-    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(0.975, df), metric)  # plots.py draws
+    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(0.975, df), metric, baseline)  # plots.py draws
     footer = (evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
               + arm_notes(summary) + oracle_notes(runs))
     pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)
     hard = next(((r["hard_level"], r["hard_n"]) for r in runs if r.get("hard_level") is not None), None)
     hard_label = f" (level {hard[0]}, n = {hard[1]})" if hard else ""
-    table = (markdown_table(summary, diffs, metric, pass_k, footer, hard_label) if summary
-             else "(no uniform runs: no table)")
+    table = (markdown_table(summary, diffs, metric, pass_k, footer, hard_label, baseline) if summary
+             else f"(no {baseline} runs: no table)")
     write_atomic(table_dir / "table.md", table + "\n")
     print(table)
     if args.plots_only:

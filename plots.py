@@ -272,7 +272,7 @@ def difference_bands(path: Path, runs: list[dict], colors: dict, t975, baseline:
 
 def budget_panels(path: Path, runs: list[dict], colors: dict, skip: str = "uniform") -> Path | None:
     """Budget vs pass rate, one panel per arm, one line per seed (the run figure's bin line)."""
-    shown = [a for a in colors if a != skip]
+    shown = [a for a in colors if a != skip and not a.startswith(f"{skip}:")]  # uniform:M..xG..: B_i = G, nothing to show
     if not shown:
         return None
     plt = _plt()
@@ -327,7 +327,35 @@ def zero_signal_bars(path: Path, runs: list[dict], colors: dict) -> Path:
     return _save(fig, path)
 
 
-def plot_comparison(out: Path, runs: list[dict], t975, metric: str = "greedy") -> list[Path]:
+def depth_breadth(path: Path, runs: list[dict], t975, name: str) -> Path | None:
+    """compare.py --preset breadth-depth (issue 42): final held-out accuracy against M at one B_total =
+    M x G, whole set and hardest level, mean and 95% CI over seeds. Rising with M: this lab rewards
+    distinct prompts over rollouts per prompt. None unless every arm is a uniform:M<m>xG<g> arm."""
+    import re
+
+    shape = {r["arm"]: re.fullmatch(r"uniform:M(\d+)xG(\d+)", r["arm"]) for r in runs}
+    if not runs or not all(shape.values()):
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    arms = sorted(shape, key=lambda a: int(shape[a].group(1)))
+    M = [int(shape[a].group(1)) for a in arms]
+    for key, label in (("final_acc", "whole held-out set"), ("final_hard", "hardest level")):
+        if not all(r.get(key) is not None for r in runs):
+            continue
+        vals = [np.array([[r[key]] for r in runs if r["arm"] == a]) for a in arms]  # (seeds, 1) per arm
+        bands = [_band(v, t975) for v in vals]
+        ax.errorbar(M, [b[0][0] for b in bands], yerr=[[b[0][0] - b[1][0] for b in bands],
+                                                       [b[2][0] - b[0][0] for b in bands]],
+                    marker="o", capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(M, [f"M {m}\nG {int(shape[a].group(2))}" for m, a in zip(M, arms)])
+    ax.set(ylabel=f"final held-out {name}", title="Uniform GRPO at one B_total: depth (left) or breadth (right)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_comparison(out: Path, runs: list[dict], t975, metric: str = "greedy", baseline: str = "uniform") -> list[Path]:
     """compare.py's figures into OUT: accuracy_vs_rollouts.png, difference_vs_uniform.png,
     budget_vs_pass_rate.png, alpha_beta_failure.png, zero_signal.png (those that apply). The runs'
     "acc" curves hold the table's primary metric (compare.table_view): avg@k, else greedy.
@@ -338,8 +366,10 @@ def plot_comparison(out: Path, runs: list[dict], t975, metric: str = "greedy") -
     colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(arms)}
     out = Path(out)
     paths = [accuracy_bands(out / "accuracy_vs_rollouts.png", runs, colors, t975, name),
-             difference_bands(out / "difference_vs_uniform.png", runs, colors, t975, name=name),
+             difference_bands(out / f"difference_vs_{'uniform' if baseline == 'uniform' else 'baseline'}.png", runs,
+                              colors, t975, baseline=baseline, name=name),
              budget_panels(out / "budget_vs_pass_rate.png", runs, colors),
+             depth_breadth(out / "accuracy_vs_prompts_per_step.png", runs, t975, name),
              alpha_failure(out / "alpha_beta_failure.png", runs, colors),
              zero_signal_bars(out / "zero_signal.png", runs, colors)]
     return [p for p in paths if p is not None]

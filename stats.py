@@ -237,7 +237,7 @@ def _ci(d: dict) -> str:
 
 
 def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy", pass_k: int | None = None,
-                   footer: list[str] = (), hard_label: str = "") -> str:
+                   footer: list[str] = (), hard_label: str = "", baseline: str = "uniform") -> str:
     """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
     rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform): greedy
     accuracy, pass@k, and the primary metric on the held-out set's hardest level (issue 42)."""
@@ -249,9 +249,9 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
     show_signal = bool(summary) and "signal_prompts_mean" in summary[0]  # see signal_prompts()
     # equal rollouts, not equal steps: where arms made different numbers of updates (DAPO), a column says so
     show_updates = len({s.get("updates_mean") for s in summary}) > 1
-    lines = [f"| arm | final {name} | AUC ({name}) | final {name} - uniform [95% CI] | AUC - uniform [95% CI] "
-             f"| rollouts to uniform's final {name}, ratio [95% CI] | "
-             + "".join(f"final {label} (- uniform [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
+    lines = [f"| arm | final {name} | AUC ({name}) | final {name} - {baseline} [95% CI] | AUC - {baseline} [95% CI] "
+             f"| rollouts to {baseline}'s final {name}, ratio [95% CI] | "
+             + "".join(f"final {label} (- {baseline} [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
              + (" prompts carrying signal per step (effective) |" if show_signal else "")
              + (" updates (same rollouts) |" if show_updates else ""),
              "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")
@@ -265,7 +265,7 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
             r = d["rollout_ratio"]
             ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
                      if r["geo_mean"] is not None else
-                     f"n/a: uniform starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
+                     f"n/a: {baseline} starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
                      else f"never on {r.get('never', '?')}/{r['n']} seeds")
             cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
             cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
