@@ -24,8 +24,9 @@ How it works, and why:
   - Everything else (train.py wiring, toy.py, rollout.py, the tests) is copied as it is, so a
     student who finishes all four parts can run `python train.py`. Left out: results/, the
     README's Results section and docs/results.md (Part 5 asks the student to produce and explain
-    them; the two keep a one-line pointer so links resolve), and tests/test_assignment.py (it needs
-    the solution).
+    them; the two keep a one-line pointer so links resolve), tests/test_assignment.py (it needs
+    the solution), and the lecture notebook with its test (notebooks/: its outputs show the results
+    Part 5 asks for, and it calls the functions the student writes).
   - `grade` runs each part's tests in its own pytest subprocess with a timeout: a student function
     that hangs or kills the interpreter costs that part only. Score = points x passed / run.
   - A submission reaches only its own part (issue 25): each part runs in a fresh folder holding the
@@ -331,7 +332,7 @@ def _test_names(source: str, filename: str) -> set:
 # ----------------------------------------------------------------------------------------------
 # build: the student version of the project
 # ----------------------------------------------------------------------------------------------
-LEFT_OUT = ("results/", "tests/test_assignment.py")  # see the module docstring
+LEFT_OUT = ("results/", "tests/test_assignment.py", "notebooks/", "tests/test_notebook.py")  # see the module docstring
 
 
 def project_files(repo: Path = REPO) -> list[str]:
