@@ -132,12 +132,13 @@ def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks:
 
 
 
-def dapo_rollouts(sample_block: Callable[[int], tuple], budgets: list[int], max_blocks: int,
+def dapo_rollouts(sample_block: Callable[[int], tuple], M: int, budgets: list[int], max_blocks: int,
                   rollouts_left: int | None = None) -> DynamicBatch:
-    """One update of train.py's DAPO arm: dynamic_sample over blocks of M prompts with `budgets` (G
-    each) rollouts, at most `max_blocks` (--max-num-gen-batches) and, under --max-rollouts (rollouts_left:
-    what the budget has left), no more blocks than it pays for (departure 2), so that a run ends at
-    exactly its budget. sample_block(b) -> (roll, completion ids, rewards) of block b, rows prompt-major;
+    """One update of train.py's DAPO arm: dynamic_sample until M groups carry signal, over blocks of
+    prompts with `budgets` (G each) rollouts, at most `max_blocks` (--max-num-gen-batches) and, under
+    --max-rollouts (rollouts_left: what the budget has left), no more blocks than it pays for
+    (departure 2), so that a run ends at exactly its budget. sample_block(b) -> (roll, completion ids,
+    rewards) of block b, rows prompt-major;
     roll (train.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows'
     sampler log-probs (round 0) and its generation seconds. Each group carries its prompt's and rows'
     share of them as payload, for DynamicBatch.kept_rows."""
@@ -153,6 +154,6 @@ def dapo_rollouts(sample_block: Callable[[int], tuple], budgets: list[int], max_
 
     block_rollouts = sum(budgets)
     limit = max_blocks if rollouts_left is None else min(max_blocks, rollouts_left // block_rollouts)
-    out = dynamic_sample(next_block, len(budgets), limit)
+    out = dynamic_sample(next_block, M, limit)
     out.gen_seconds = sum(seconds)
     return out

@@ -352,7 +352,8 @@ def dapo_rollouts(run: Run, step: int) -> StepBatch:
         return (roll, *sample_and_reward(run, roll, budgets, round_=0))
 
     left = None if args.max_rollouts is None else args.max_rollouts - run.counters["rollouts"]
-    dyn = dynamic_sampling.dapo_rollouts(sample_block, budgets, args.max_num_gen_batches, left)
+    dyn = dynamic_sampling.dapo_rollouts(sample_block, args.prompts_per_step, budgets, args.max_num_gen_batches,
+                                         left)
     run.counters["blocks"] = blocks + dyn.blocks
     kept = dyn.kept_rows()
     roll = StepRollouts(step, kept["prompt_idx"], kept["prompt_tok_m"], kept["answers_m"], kept["prompts"], vstats,
