@@ -6,8 +6,8 @@ solver, two exact references, our faster exact solver for eq. 9's form, the two 
 allocators we compare against (Knapsack-RL's and the released CoBA-RL code's), and the one call
 train.py makes, top to bottom:
 
-    check_feasible        infeasible budgets are an error, never silently fixed (method.md §2)
-    uniform_budgets       GRPO's baseline: B_total / M each, the remainder one each (method.md §4)
+    check_feasible        infeasible budgets are an error, never silently fixed (docs/method-sources.md §2)
+    uniform_budgets       GRPO's baseline: B_total / M each, the remainder one each (docs/method-sources.md §4)
     allocate              paper §2.4, Algorithm 1: heap-based greedy over marginal gains,
                           O(B_total log M). Exactly optimal when every V_i is concave in B; App. A,
                           Prop. 2.2 proves it for eq. 9 (the gain C e^{-kB}(1 - e^{-k}) is geometric).
@@ -22,8 +22,8 @@ train.py makes, top to bottom:
                           closed form, so bisect lambda until <= 2M gains straddle it, then take the
                           largest of those exactly. O(M log(1/eps)) instead of O(B_total log M), and
                           independent of the budget's size; same objective as the heap.
-    allocate_knapsack     Knapsack-RL's published allocator (`--allocator knapsack`, method.md §4)
-    allocate_released     the released code's hybrid (`--allocator coba-released`, method.md §2)
+    allocate_knapsack     Knapsack-RL's published allocator (`--allocator knapsack`, docs/method-sources.md §4)
+    allocate_released     the released code's hybrid (`--allocator coba-released`, docs/method-sources.md §2)
     allocate_budgets      the dispatcher: `--allocator {uniform,knapsack,coba,coba-released}`
 
 Which part is whose:
@@ -79,7 +79,7 @@ import numpy as np
 ALLOCATORS = ("uniform", "knapsack", "coba", "coba-released")  # choices of train.py's --allocator
 SOLVERS = ("heap", "threshold")  # how `coba` solves eq. 3: Algorithm 1, or our threshold solver
 
-# Released code's hybrid (method.md §2): these prompts stay out of its heap.
+# Released code's hybrid (docs/method-sources.md §2): these prompts stay out of its heap.
 VERY_HARD = 0.05  # p < 0.05
 VERY_EASY = 0.99  # p > 0.99
 
@@ -178,7 +178,7 @@ def total_value(value_fn: Values, budgets) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Baseline: uniform GRPO (method.md §4)
+# Baseline: uniform GRPO (docs/method-sources.md §4)
 # ----------------------------------------------------------------------------------------------
 def uniform_budgets(num_prompts, total_budget) -> list[int]:
     """B_total / M each; the remainder goes one each to the first prompts (e.g. 10 over 4: 3,3,2,2)."""
@@ -383,7 +383,7 @@ def _fill_evenly(budgets: np.ndarray, idx, left: int, max_budget: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# Baseline: Knapsack-RL (method.md §4, `--allocator knapsack`)
+# Baseline: Knapsack-RL (docs/method-sources.md §4, `--allocator knapsack`)
 # ----------------------------------------------------------------------------------------------
 KNAPSACK_MIN_ROLLOUTS = 8  # rl_dataset.py `min_buffer_length`: fewer recorded rollouts -> not valid
 KNAPSACK_CONFIDENCE = 0.9  # exploration_utils.py `alpha`: cost cap ln(1 - 0.9) / ln max(p, 1-p)
@@ -413,7 +413,7 @@ def allocate_knapsack(p_hat, valid, total_budget, min_budget, max_budget, defaul
        at B_low counts 0, not Value(B_low) (`solve_by_dp`'s "don't allocate" option).
     With no informative prompt, the surplus goes evenly to the p = 0 prompts, else uniform.
 
-    Ours where the official code breaks (method.md §4): nothing goes above B_up (the official fallback
+    Ours where the official code breaks (docs/method-sources.md §4): nothing goes above B_up (the official fallback
     has no cap); what cannot be placed goes back to the knapsack, then to the other prompts; with
     every prompt informative the knapsack takes all R (the official divides by zero); the knapsack
     never gets more than its prompts hold (the official spreads its excess above max_n); the no-
@@ -472,7 +472,7 @@ def _knapsack_units(p, units, min_budget, max_budget) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Released code's hybrid (method.md §2, `--allocator coba-released`)
+# Released code's hybrid (docs/method-sources.md §2, `--allocator coba-released`)
 # ----------------------------------------------------------------------------------------------
 RELEASED_SHARE = (0.6, 0.8)  # the heap's share of the surplus: min_ratio, exploration_budget_ratio
 RELEASED_WEIGHT_CLIP = 1e-6  # `_allocate_remaining_weighted` clips p to [1e-6, 1 - 1e-6] in 1 - p
@@ -499,7 +499,7 @@ def _released_leftover_pass(budgets: np.ndarray, idx, p: np.ndarray, left: int, 
 
 
 def allocate_released(pass_rates, total_budget, min_budget, max_budget, alpha_t, beta_t, tau) -> list[int]:
-    """The released code's allocation (method.md §2; Within-yao/CoBA-RL@aa6b834
+    """The released code's allocation (docs/method-sources.md §2; Within-yao/CoBA-RL@aa6b834
     `recipe/coba_rl/budget_allocators.py`, `BetaAllocator.allocate`), not Algorithm 1 over all prompts:
 
     1. every prompt gets B_low;
@@ -553,7 +553,7 @@ def _check_pass_rates(pass_rates) -> np.ndarray:
 
 def allocate_budgets(allocator: str, pass_rates, seen, total_budget, min_budget, max_budget,
                      alpha_t, beta_t, tau, solver: str = "heap", knapsack_stats=None) -> list[int]:
-    """B_i for this step's M prompts (method.md §2-4).
+    """B_i for this step's M prompts (docs/method-sources.md §2-4).
 
     allocator: uniform (GRPO), knapsack (Knapsack-RL's published method, allocate_knapsack), coba
       (eq. 9, Algorithm 1 with solver="heap", or our threshold solver with solver="threshold"; same
@@ -564,7 +564,7 @@ def allocate_budgets(allocator: str, pass_rates, seen, total_budget, min_budget,
     knapsack_stats: (p_hat (M,), rollouts (M,)) from coba.CapabilityTracker.knapsack_stats: Knapsack-
       RL's p estimate (last visit if >= 16 rollouts, else the last 16 rewards) and each prompt's
       recorded rollouts (valid from 8). None: p_hat = pass_rates, valid = seen (an approximation).
-    If no prompt has been seen (the first epoch), every allocator returns uniform (method.md §3).
+    If no prompt has been seen (the first epoch), every allocator returns uniform (docs/method-sources.md §3).
     """
     if allocator not in ALLOCATORS:
         raise ValueError(f"unknown allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")

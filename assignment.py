@@ -505,8 +505,8 @@ def handout_text(solution: dict, repo: Path = REPO) -> str:
         the failure rate -> GRPO advantages and loss on groups of unequal size (**Part 2**) -> optimizer step.
         The wiring (`train.py`, `rollout.py`, `evaluate.py`), the toy task and model (`toy.py`) and all tests are complete.
         The functions you write raise `NotImplementedError("Part N: ...")` until you do. Some docstrings
-        cite `method.md`, the maintainers' notes on the paper (not part of this handout): what you need
-        from it is in the docstrings and below.
+        cite `docs/method-sources.md`, which says where each equation and default comes from (the paper,
+        the authors' released code, or this project): what you need from it is in the docstrings and below.
 
         __TABLE__
         Parts 1-4 are graded by the tests listed under each part ({auto} points, partial credit per test

@@ -27,7 +27,7 @@ Writes nothing but stdout.
 
     python bench.py generate [--models toy smollm2-135m] [-M 8] [-G 8] [-T 48]
 
-`generate`: step 3 of the CoBA-RL loop (method.md §3, B_i rollouts per prompt) by both of
+`generate`: step 3 of the CoBA-RL loop (docs/method-sources.md §3, B_i rollouts per prompt) by both of
 rollout.py's backends on one machine, side by side: HF `generate` (rollout.generate_groups without a
 generator, one batch of M x G rows) and vLLM's engine (rollout.VLLMGenerator, M requests with
 n = G). Each timed vLLM call pushes the weights first, as every training step does. Prints

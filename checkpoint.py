@@ -191,20 +191,21 @@ def save_failed(out: Path, step: int, error: Exception, size: int, kept: Path | 
 
 
 def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                    args, counters: dict) -> Path:
+                    args, counters: dict, run_end: bool = False) -> Path:
     """write_checkpoint on rank 0 with every rank's RNG state (under torchrun: the weights and optimizer
-    are the same on every rank, the RNG is not); all ranks call it and get the path, or its error."""
+    are the same on every rank, the RNG is not); all ranks call it and get the path, or its error.
+    run_end: the run's last step (at --steps, or its --max-rollouts spent): a LoRA run also gets merged/."""
     rank_rngs = dist.gather_object(rng_state())  # a collective: every rank, before anything can fail
     # --fsdp: each rank holds a shard; gather the full weights and optimizer state to rank 0 (a collective
     # too), so the checkpoint has the one-process format (dist.py: full_state)
     full = dist.full_state(model, optimizer) if dist.is_sharded(model) else (None, None)
     return dist.on_rank0(write_checkpoint, out, step, model, tokenizer, optimizer, scheduler, tracker, sampler,
-                         args, counters, rank_rngs, *full)
+                         args, counters, rank_rngs, *full, run_end=run_end)
 
 
 def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler, tracker, sampler,
                      args, counters: dict, rank_rngs: list[dict] | None = None, weights: dict | None = None,
-                     optimizer_state: dict | None = None) -> Path:
+                     optimizer_state: dict | None = None, run_end: bool = False) -> Path:
     """Write OUTPUT_DIR/checkpoint-<step> so that a crash at any instant leaves a complete checkpoint:
       0. make room: delete our directories but the newest complete checkpoint (older checkpoints, a
          crashed save's .tmp), marker first (a half-deleted one is not complete);
@@ -215,6 +216,7 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
     stays until the next save (KEEP = 2). A write that fails (a full disk: OSError, or torch.save's
     RuntimeError) removes the .tmp and stops with one line saying how much room a save needs.
     weights, optimizer_state: --fsdp's full state (dist.full_state) in place of the live objects' own.
+    run_end: the run's last checkpoint; with --use-peft it also holds merged/ (lora.save_merged).
     tests/test_reliability.py crashes the save after each operation and resumes."""
     tmp, final = out / f"{CHECKPOINT}{step}.tmp", out / f"{CHECKPOINT}{step}"
     if checkpoint_step(final) == step:  # this step is saved already
@@ -228,7 +230,8 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
             _save_step_done(f"delete {old.name}")
     try:
         model.save_pretrained(tmp, state_dict=weights)  # --use-peft: the adapter only (adapter_model.safetensors, peft's format)
-        if lora.is_lora(model) and step == args.steps:  # the run's end: also a plain model, W + s * B A
+        # the run's end (at --steps, or on --max-rollouts as DAPO's arm ends: issue 41): also a plain model, W + s B A
+        if lora.is_lora(model) and run_end:
             lora.save_merged(model, tokenizer, tmp / "merged")
             (tmp / "merged" / "run_config.json").write_text(json.dumps(run_config(args)))  # --model keeps its preset
         _save_step_done("model")

@@ -96,7 +96,7 @@ FLAG_RANGES = {
     "vllm_gpu_memory_utilization": "(0, 1]", "vllm_importance_sampling_cap": "(0, inf)",
     "eval_every": "[0, inf)", "eval_samples": "[0, inf)",
     "steps": "[1, inf)", "seed": "[0, 4294967295]",  # numpy seeds are 32-bit unsigned
-    "max_num_gen_batches": "[1, inf)", "mopps_ratio": "[1, inf)", "mopps_decay": "[0, 1]",
+    "gen_batch_size": "[1, inf)", "mopps_ratio": "[1, inf)", "mopps_decay": "[0, 1]",  # --max-num-gen-batches: any
     "max_rollouts": "[1, inf)", "eval_every_rollouts": "[1, inf)",
     "save_every": "[1, inf)", "threads": "[1, inf)", "log_completions": "[0, inf)",
     "lora_r": "[1, inf)", "lora_alpha": "(0, inf)", "lora_dropout": "[0, 1)",
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "from a file without a test split, at most a fifth of it")
     g.add_argument("--train-size", type=int, default=1024,
                    help="training pool size for the toy (revisited each epoch: pass rates need "
-                        "an earlier visit, method.md §3)")
+                        "an earlier visit, docs/method-sources.md §3)")
     g.add_argument("--prompt-template", default=None,
                    help="format of the user turn; toy: '{question}', else adds the \\boxed{} instruction")
     g.add_argument("--prompt-format", choices=["auto", "chat", "plain"], default="auto",
@@ -193,12 +193,16 @@ def add_arm_flags(ap: argparse.ArgumentParser) -> None:
     """The two published baselines beside CoBA-RL and the equal-rollouts budget (docs/arms.md)."""
     g = ap.add_argument_group("comparison arms: DAPO dynamic sampling, MoPPS prompt selection (docs/arms.md)")
     g.add_argument("--dynamic-sampling", action="store_true",
-                   help="DAPO (arXiv 2503.14476 §3.2; verl filter_groups): generate blocks of M prompts x G "
-                        "rollouts until M groups whose rewards are not all equal are kept; the surplus and the "
+                   help="DAPO (arXiv 2503.14476 §3.2; verl filter_groups): generate blocks of --gen-batch-size "
+                        "prompts x G rollouts until M groups whose rewards are not all equal are kept; the surplus and the "
                         "zero-signal groups are dropped but their rollouts count as spent. --allocator uniform only")
+    g.add_argument("--gen-batch-size", type=int, default=None, metavar="PROMPTS",
+                   help="DAPO's block: prompts generated at a time, G rollouts each (verl's data.gen_batch_size; "
+                        "default: M, --prompts-per-step; the DAPO recipe uses 3 x M)")
     g.add_argument("--max-num-gen-batches", type=int, default=10,
-                   help="DAPO's block limit per update (verl's max_num_gen_batches; DAPO recipe 10). At the "
-                        "limit verl stops the run with an error; we update on the partial batch and log it")
+                   help="DAPO's block limit per update (verl's max_num_gen_batches; DAPO recipe 10; 0 or less: no "
+                        "limit, as in verl). At the limit verl stops the run with an error; we update on the partial "
+                        "batch and log it")
     g.add_argument("--prompt-selection", choices=PROMPT_SELECTIONS, default="sampler",
                    help="step 1: sampler = seeded epochs over the pool (every arm's default); mopps = MoPPS "
                         "(arXiv 2507.04632): Thompson-sample a Beta posterior per prompt over --mopps-ratio x M "
@@ -291,7 +295,8 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="replace the run already in OUTPUT_DIR: its log and checkpoint-<N> directories are "
                    "deleted once the new run's data and model have loaded (nothing else is)")
     g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (toy 1: faster, see calibration.md)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (toy 1: faster, see docs/calibration.md)")
     g.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory (GPU)")
     g.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard weights, gradients and AdamW state over ranks with FSDP2 (for models "
@@ -402,11 +407,22 @@ def check_arm_flags(args: argparse.Namespace, ap: argparse.ArgumentParser) -> No
     if args.pass_rate_source == "oracle" and (args.allocator == "uniform" or args.probe or args.dynamic_sampling):
         ap.error("--pass-rate-source oracle feeds the allocator's p_i: it takes --allocator coba, coba-released or "
                  "knapsack, without --probe or --dynamic-sampling (they draw their own p_i)")
+    if args.gen_batch_size is not None and not args.dynamic_sampling:
+        ap.error("--gen-batch-size is the block size of DAPO's --dynamic-sampling: pass --dynamic-sampling, or drop it")
     for key in ("max_rollouts", "eval_every_rollouts"):  # every arm spends whole multiples of B_total
         value = getattr(args, key)
         if value is not None and value % args.total_budget:
             ap.error(f"--{key.replace('_', '-')} {value} is not a multiple of B_total = {args.total_budget} "
                      "(the rollouts of one step, or of one DAPO block): pass a multiple")
+    if args.dynamic_sampling and args.gen_batch_size is not None:  # blocks of K prompts, B_total / M rollouts each
+        K, M = args.gen_batch_size, args.prompts_per_step
+        if K * args.total_budget % M:
+            ap.error(f"--gen-batch-size {K} x B_total {args.total_budget} is not a multiple of --prompts-per-step {M}: "
+                     "a block gives each of its prompts B_total / M rollouts; pass a K that makes them whole")
+        block = K * args.total_budget // M
+        if args.max_rollouts is not None and args.max_rollouts % block:
+            ap.error(f"--max-rollouts {args.max_rollouts} is not a multiple of a DAPO block's {block} rollouts "
+                     f"(--gen-batch-size {K} x {args.total_budget // M}): pass a multiple, so the run ends on a whole block")
     if args.eval_every_rollouts is not None:  # it replaces --eval-every, recorded so
         args.eval_every = 0
 

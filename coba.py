@@ -16,7 +16,7 @@ side, top to bottom in the paper's order:
     --      Knapsack-RL and uniform values       knapsack_value, uniform_value, value_function
     --      p_i with an in-step probe (ours)     probe_pass_rates, probe_knapsack_stats (--probe)
 
-Departures and choices (method.md is the reference for each):
+Departures and choices (docs/method-sources.md is the reference for each):
   (1) alpha_min = 1, alpha_max = kappa - 1, lambda = kappa - 2 in eq. 7: the released code's values
       (paper silent); parameters of `beta_params`.
   (2) p is clipped to [0.01, 0.99] inside V (released code), so no prompt has exactly zero value.
@@ -24,7 +24,7 @@ Departures and choices (method.md is the reference for each):
       the paper calls tau a temperature and gives no value); a constant is the alternative.
   (4) Moving-average window k of F (`--failure-window`, paper: "past k steps", no value): default 1
       (released launch script; its class default is 3). The same k bounds each prompt's history of
-      visits (method.md §3).
+      visits (docs/method-sources.md §3).
   (5) Unseen prompts get the prior pass rate 0.5 (released code). Before the first step there is no
       F_t; we use F_bar = 1 - prior (ours), i.e. 0.5 -> F_tilde = 0.5, alpha_t = 5.5 at kappa 11.
   (6) Schedules of the ablation (Table 2-3), `--schedule`: `explore2exploit` has no formula in the
@@ -102,7 +102,7 @@ def global_failure_rate(pass_rates) -> float:
     """Eq. 4: F_t = 1 - S_t, S_t = (1/M) sum_i p_i.
 
     pass_rates: p_i of eq. 1, shape (M,). Averaged over prompts, not rollouts: a prompt given 64
-    rollouts weighs as much as one given 2 (method.md §0).
+    rollouts weighs as much as one given 2 (docs/method-sources.md §0).
     """
     p = np.asarray(pass_rates, dtype=float)  # (M,)
     if p.size == 0:
@@ -281,7 +281,7 @@ def resolve_tau(tau_arg, pass_rates) -> float:
 # Baselines behind the same interface V(budget, p): Knapsack-RL and uniform
 # ----------------------------------------------------------------------------------------------
 def knapsack_value(budget, p):
-    """Knapsack-RL (Li et al. 2025; method.md §4): Value(N, p) = (1 - p^N - (1-p)^N) * p (1-p)^2.
+    """Knapsack-RL (Li et al. 2025; docs/method-sources.md §4): Value(N, p) = (1 - p^N - (1-p)^N) * p (1-p)^2.
 
     First factor: probability that N rollouts are not all equal, i.e. the group has a non-zero
     GRPO gradient. Second: an information-gain term peaking at p = 1/3. Zero at p in {0, 1}. The
@@ -322,7 +322,7 @@ def value_function(allocator: str, alpha_t: float | None = None, beta_t: float |
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class CapabilityTracker:
-    """What CoBA-RL remembers between steps (method.md §3), saved with every checkpoint.
+    """What CoBA-RL remembers between steps (docs/method-sources.md §3), saved with every checkpoint.
 
     - each prompt (keyed by its dataset index) keeps (successes, totals) of its last `window`
       visits; p_i = sum successes / sum totals. Unseen prompts get `prior`.
@@ -464,9 +464,9 @@ class CapabilityTracker:
 # ----------------------------------------------------------------------------------------------
 # The in-step probe (ours, beyond the paper: --probe): the tracker's answer with this step's probe
 # ----------------------------------------------------------------------------------------------
-# The paper's allocator only knows a prompt's pass rate from an earlier visit (method.md §3): the
-# first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
-# escapes ("sticky zero", calibration.md). With --probe every prompt first gets B_low rollouts in
+# The paper's allocator only knows a prompt's pass rate from an earlier visit (docs/method-sources.md
+# §3): the first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
+# escapes ("sticky zero", docs/calibration.md). With --probe every prompt first gets B_low rollouts in
 # the step (train.probe_then_allocate); the allocator then sees p_i pooled over those and the
 # earlier visits, and hands out the rest of the same B_total. Costs one extra generation round per
 # step, no extra rollouts.

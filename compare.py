@@ -42,9 +42,9 @@ Design (issue 12), so that a difference, if there is one, can be seen:
 
 Metrics (issue 19: the paper's metric first). The primary accuracy is held-out avg@k (k = 8 by
 `--eval-samples`: k samples per problem at T = 1.0, top-p 0.9, as the paper's avg@16), which sees
-learning that greedy accuracy misses (calibration.md); greedy accuracy and pass@k are secondary
+learning that greedy accuracy misses (docs/calibration.md); greedy accuracy and pass@k are secondary
 columns (final value, and its paired difference from uniform with a 95% CI). On the primary
-(calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is noisy, so
+(docs/calibration.md: "rollouts to reach uniform's final accuracy" is fragile when a curve is noisy, so
 there are three): final value; AUC (average over training: the trapezoid area under acc(rollouts)
 divided by its span); rollouts to first reach uniform's mean final value, and its ratio to
 uniform's on the same seed (geometric mean, CI on the log ratio; "n/a" where uniform starts at or
@@ -396,6 +396,11 @@ def table_coverage(table_dir: Path) -> set:
             for s in r.get("seeds", [])}
 
 
+def table_order(table_dir: Path) -> list[str]:
+    """The arms in the order the existing compare.jsonl (and so table.md) lists them; [] without one."""
+    return [r["arm"] for r in read_jsonl(table_dir / "compare.jsonl") if r.get("type") == "summary"]
+
+
 def _pairs(keys) -> str:
     keys = sorted(keys)
     return ", ".join(f"{a} seed {s}" for a, s in keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
@@ -622,6 +627,12 @@ def main(argv: list[str] | None = None) -> dict:
                              f"or {table_dir / 'runs.jsonl'}: run the sweep first, or pass the --out/--preset "
                              "that holds it")
         reported = [k for k in jobs if k in have] + carried
+        # A redraw lists the arms in the order the table it redraws does, whatever order --arms gives:
+        # a plain `--plots-only` takes the preset's arms first, then the carried ones, and so wrote
+        # the rows of compare.jsonl and table.md in another order (issue 41). Arms the table does not
+        # report yet come last, in their own order (the sort is stable).
+        order = table_order(table_dir)
+        reported.sort(key=lambda k: order.index(k[0]) if k[0] in order else len(order))
     else:
         reported = jobs + carried
     dropped = coverage - set(reported)

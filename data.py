@@ -43,7 +43,7 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 # (toy seed 0) always was. (Before issue 25 it followed --seed.) --seed still orders the training.
 SPLIT_SEED = 0
 
-# The paper's Table 1 benchmarks (§3; method.md §5: avg@16 at T = 1.0, top-p 0.9), by name
+# The paper's Table 1 benchmarks (§3; docs/method-sources.md §5: avg@16 at T = 1.0, top-p 0.9), by name
 # (`--eval-datasets aime24 math500 ...`, or `paper` for all six). Each maps to one public hub copy,
 # read with datasets.load_dataset(hub, config, split=split); `question` and `answer` are its columns
 # as the hub loader returns them (the dataset card's features; the same columns the loaders of verl
@@ -442,7 +442,7 @@ def fit_prompt_length(train_set: list[dict], eval_sets: dict[str, list[dict]], t
 
 # ----------------------------------------------------------------------------------------------
 # Prompt order (step 1 of train.py's loop): epochs over a small pool, so pass rates come from an
-# earlier visit (method.md §3)
+# earlier visit (docs/method-sources.md §3)
 # ----------------------------------------------------------------------------------------------
 class PromptSampler:
     """Draws M distinct dataset indices per step, a fresh seeded permutation per epoch."""
@@ -548,7 +548,12 @@ class MoPPSSampler:
 
 
 def check_candidates(args, n: int) -> None:
-    """MoPPS draws ratio x M distinct candidates a step from the n training problems: at most n."""
+    """MoPPS draws ratio x M distinct candidates a step from the n training problems, DAPO a block of
+    --gen-batch-size prompts: at most n."""
+    K = getattr(args, "gen_batch_size", None)
+    if getattr(args, "dynamic_sampling", False) and K is not None and K > n:
+        raise SystemExit(f"error: --gen-batch-size {K} prompts a DAPO block, more than the {n} training problems: "
+                         "lower --gen-batch-size or raise --train-size")
     if getattr(args, "prompt_selection", "sampler") == "mopps" and args.mopps_ratio * args.prompts_per_step > n:
         raise SystemExit(f"error: --mopps-ratio {args.mopps_ratio} x --prompts-per-step {args.prompts_per_step}"
                          f" = {args.mopps_ratio * args.prompts_per_step} candidates a step, more than the "

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 train.py --steps 20          # 2 processes (gloo on CPU, NCCL on GPU)
     python train.py --steps 20                               # one process: every helper here is a no-op
 
-What stays global and what is split (CoBA-RL, arXiv 2602.03048, method.md §3; docs/distributed.md):
+What stays global and what is split (CoBA-RL, arXiv 2602.03048, docs/method-sources.md §3; docs/distributed.md):
   - Global: the M prompts, the tracker (p_i, F_t, alpha_t, beta_t) and Algorithm 1's B_i. Every rank
     draws the same prompts (same seed) and allocates from the same tracker; rank 0's budgets are then
     broadcast (`broadcast_object`) so that float differences between machines can never split the run.
@@ -270,11 +270,16 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
 
 def all_reduce_sums(sums: dict[str, float], keep: tuple[str, ...] = ()) -> dict[str, float]:
     """Add each metric over ranks (each rank's value is its share of a whole-batch mean or sum);
-    keys in `keep` are already global (the same on every rank) and stay as they are."""
-    if not tdist.is_initialized() or not sums:
+    keys in `keep` are already global (the same on every rank) and stay as they are. The keys are
+    every rank's together, a rank lacking one adding 0: a rank that owns no group this step (fewer
+    prompts than ranks) computed no loss metrics at all, and an all-reduce of tensors of different
+    lengths would hang (issue 41)."""
+    if not tdist.is_initialized():
         return sums
-    keys = sorted(k for k in sums if k not in keep)
-    t = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64)
+    keys = sorted({k for part in gather_object(sorted(k for k in sums if k not in keep)) for k in part})
+    if not keys:
+        return sums
+    t = torch.tensor([float(sums.get(k, 0.0)) for k in keys], dtype=torch.float64)
     tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
     return {**sums, **dict(zip(keys, t.tolist()))}
 

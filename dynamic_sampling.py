@@ -3,8 +3,9 @@
 A GRPO group whose G rewards are all equal (all right or all wrong) has zero advantage and adds no
 gradient: DAPO "over-samples and filters out prompts with the accuracy equal to 1 and 0". The
 released recipe (verl `algorithm.filter_groups`, recipe/dapo `dapo_ray_trainer.py`) does it in
-blocks: generate M prompts x G rollouts, keep the groups whose rewards have std > 0, and generate
-another block of the next M prompts until M groups are kept; the first M kept groups, in
+blocks: generate K prompts x G rollouts (K = verl's data.gen_batch_size, our --gen-batch-size:
+3 x M in the DAPO recipe, M by default here), keep the groups whose rewards have std > 0, and
+generate another block of the next K prompts until M groups are kept; the first M kept groups, in
 generation order, make the batch, and the surplus is dropped. Every rollout generated counts as
 spent, the dropped ones included: that is DAPO's price for a batch with no zero-signal group, and
 what compare.py's equal-rollouts axis charges it (docs/arms.md).
@@ -20,8 +21,8 @@ what compare.py's equal-rollouts axis charges it (docs/arms.md).
                       MoPPS (`visits`), the rollouts spent, and the log's accounting (`accounting`)
 
 Departures (docs/arms.md):
-(1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10): at the
-    limit verl raises ValueError and the run stops; we update on the partial batch (the groups kept
+(1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10; 0 or
+    less: no limit, as in verl): at the limit verl raises ValueError and the run stops; we update on the partial batch (the groups kept
     so far, fewer than M) and log it (`dapo_partial`). A run of a fixed rollout budget should not
     crash because a model became too good (or too bad) for its prompts.
 (2) Under train.py's `--max-rollouts` the limit is also the number of blocks the budget has left,
@@ -57,7 +58,7 @@ class DynamicBatch:
     """What one update's dynamic sampling produced."""
     kept: list[Group]  # the batch: at most M groups with signal, in generation order
     generated: list[Group] = field(default_factory=list)  # every group of every block (visits)
-    blocks: int = 0  # generation blocks of M prompts x G rollouts this update used
+    blocks: int = 0  # generation blocks of K prompts x G rollouts this update used
     surplus_groups: int = 0  # groups with signal kept beyond M and dropped (verl: batch[:M * G])
     partial: bool = False  # the block limit came first: fewer than M groups kept (departure 1)
     gen_seconds: float = 0.0  # generation time of every block (dapo_rollouts)
@@ -109,19 +110,20 @@ class DynamicBatch:
                 "dapo_partial": self.partial}
 
 
-def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks: int) -> DynamicBatch:
-    """Generate blocks until M groups with signal are kept, or `max_blocks` blocks are spent.
+def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks: int | None) -> DynamicBatch:
+    """Generate blocks until M groups with signal are kept, or `max_blocks` blocks are spent (None: no
+    limit, verl's max_num_gen_batches <= 0; the loop then ends only when M groups are kept).
 
-    next_block(b) -> the M groups of block b (b = 0, 1, ... within this update): the caller draws
-    the next M prompts and their G rollouts each. Returns the first M groups with signal (fewer at
-    the limit: partial), every generated group, and the blocks used. Blocks are whole: a block is
-    generated (and paid for) in full even when its first groups already complete the batch, as
-    in verl, which generates gen_batch_size prompts at a time."""
-    if M < 1 or max_blocks < 1:
+    next_block(b) -> the groups of block b (b = 0, 1, ... within this update): the caller draws the
+    next gen_batch_size prompts (M by default) and their G rollouts each. Returns the first M groups
+    with signal (fewer at the limit: partial), every generated group, and the blocks used. Blocks are
+    whole: a block is generated (and paid for) in full even when its first groups already complete
+    the batch, as in verl, which generates gen_batch_size prompts at a time."""
+    if M < 1 or (max_blocks is not None and max_blocks < 1):
         raise ValueError(f"dynamic_sample needs M >= 1 and max_blocks >= 1, got M={M}, max_blocks={max_blocks}")
     out = DynamicBatch(kept=[])
     with_signal: list[Group] = []
-    while len(with_signal) < M and out.blocks < max_blocks:
+    while len(with_signal) < M and (max_blocks is None or out.blocks < max_blocks):
         block = next_block(out.blocks)
         out.blocks += 1
         out.generated += block
@@ -134,14 +136,14 @@ def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks:
 
 def dapo_rollouts(sample_block: Callable[[int], tuple], M: int, budgets: list[int], max_blocks: int,
                   rollouts_left: int | None = None) -> DynamicBatch:
-    """One update of train.py's DAPO arm: dynamic_sample until M groups carry signal, over blocks of
-    prompts with `budgets` (G each) rollouts, at most `max_blocks` (--max-num-gen-batches) and, under
-    --max-rollouts (rollouts_left: what the budget has left), no more blocks than it pays for
-    (departure 2), so that a run ends at exactly its budget. sample_block(b) -> (roll, completion ids,
-    rewards) of block b, rows prompt-major;
-    roll (train.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows'
-    sampler log-probs (round 0) and its generation seconds. Each group carries its prompt's and rows'
-    share of them as payload, for DynamicBatch.kept_rows."""
+    """One update of train.py's DAPO arm: dynamic_sample until M groups carry signal, over blocks of K
+    prompts with `budgets` (K of them, G each), at most `max_blocks` (--max-num-gen-batches; 0 or less:
+    no limit, as in verl) and, under --max-rollouts (rollouts_left: what the budget has left), no more
+    blocks than it pays for (departure 2), so that a run ends at exactly its budget.
+    sample_block(b) -> (roll, completion ids, rewards) of block b, rows prompt-major; roll
+    (train.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows' sampler
+    log-probs (round 0) and its generation seconds. Each group carries its prompt's and rows' share of
+    them as payload, for DynamicBatch.kept_rows."""
     seconds, ends = [], [sum(budgets[:k + 1]) for k in range(len(budgets))]
 
     def next_block(b: int) -> list[Group]:
@@ -152,8 +154,10 @@ def dapo_rollouts(sample_block: Callable[[int], tuple], M: int, budgets: list[in
                                              lps[e - B:e]))
                 for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
 
-    block_rollouts = sum(budgets)
-    limit = max_blocks if rollouts_left is None else min(max_blocks, rollouts_left // block_rollouts)
+    limit = max_blocks if max_blocks > 0 else None  # verl: 0 or less is no limit
+    if rollouts_left is not None:  # departure (2): no more blocks than the rollout budget has left
+        left = rollouts_left // sum(budgets)
+        limit = left if limit is None else min(limit, left)
     out = dynamic_sample(next_block, M, limit)
     out.gen_seconds = sum(seconds)
     return out

@@ -109,7 +109,9 @@ def run_eval(run, step: int, extra: dict | None = None) -> dict:
     # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
     # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
     # model, not by the sampling noise (common random numbers).
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):  # None: every GPU
+    # Only this rank's own device (cuda:LOCAL_RANK under torchrun; --device's) is saved and restored:
+    # None would save every visible GPU's RNG, initialising CUDA on each from every rank (issue 41).
+    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
         torch.manual_seed(run.args.seed)
         dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
@@ -179,6 +181,7 @@ class EvalRun:
     tokenizer: object
     generator: VLLMGenerator | None  # --use-vllm; None: HF generate
     eval_sets: dict[str, list[dict]]
+    device: torch.device
     amp: object  # () -> context manager: bf16 autocast for forward passes (--bf16), else a no-op
     log: object
     counters: dict
@@ -212,7 +215,7 @@ def eval_only(args) -> dict:
         model.eval()
         amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         run = EvalRun(args, model, tokenizer, VLLMGenerator(args, model_path) if args.use_vllm else None, eval_sets,
-                      amp, (out / "log.jsonl").open("w"), counters={"rollouts": 0, "seconds": 0.0})
+                      device, amp, (out / "log.jsonl").open("w"), counters={"rollouts": 0, "seconds": 0.0})
         run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
                    "device": str(device), **counts})
         record = run_eval(run, 0, extra={"eval_only": True, "model": args.model,

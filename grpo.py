@@ -486,7 +486,10 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
                 loss_type=args.loss_type, max_completion_length=args.max_completion_length,
                 normalizer=normalizer, entropy=entropy, token_weights=is_weights)
             loss.backward()
-            w = len(rows) / N_all  # metrics averaged over rows of the whole batch (all ranks)
+            # Token means (ratio, clip, kl, entropy) weighted by this micro-batch's share of the step's tokens,
+            # all ranks' (lengths): their sum is the token mean over the whole step however its rows are
+            # split into micro-batches and ranks. (Weighted by rows, the split changed them: issue 41.)
+            w = float(cmask[rows].sum()) / max(float(lengths.sum()), 1.0)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
@@ -511,9 +514,11 @@ def frozen_logps(mb, model, ref_model, N: int, micro: int, old_logps=None, need_
     rows_all, ref_logps = torch.arange(N), None
     model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
     with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
-        if need_old and old_logps is None:
+        # (N = 0: a torchrun rank that owns no group this step, with fewer prompts than ranks: nothing
+        # to compute; it still joins every collective of the update with zero gradients.)
+        if need_old and old_logps is None and N:
             old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None:
+        if ref_model is not None and N:
             ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
     model.train()
     return old_logps, ref_logps

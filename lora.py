@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import warnings
 from pathlib import Path
 
 import torch
@@ -77,7 +78,9 @@ def wrap(model, args):
     from peft.tuners.lora.layer import Linear
 
     try:
-        model.add_adapter(lora_config(args), adapter_name=ADAPTER)
+        with warnings.catch_warnings():  # peft's warning on a tied target: refused below in one line instead
+            warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True` and a tied layer")
+            model.add_adapter(lora_config(args), adapter_name=ADAPTER)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise SystemExit(f"error: --lora-target-modules {' '.join(args.lora_target_modules)}: {first}: "
@@ -87,6 +90,17 @@ def wrap(model, args):
     if other:  # engine_weights' delta s * B A is the linear layers' formula (embeddings transpose it)
         raise SystemExit(f"error: --lora-target-modules wraps {', '.join(other)} layers; only linear "
                          "layers are supported: name linear layers (e.g. q_proj v_proj) or pass all-linear")
+    # A wrapped layer whose weight is tied to another parameter (lm_head to embed_tokens: the toy labs,
+    # Qwen2.5-0.5B and 1.5B) would change the policy's logits, but the tied weight is one tensor, which
+    # named_parameters lists once, under the embedding's name: engine_weights (vLLM, merged/) would carry
+    # W without s * B A, and the engine would sample from another policy. Refused (issue 41); peft only warns.
+    shared = tied_names(model)
+    tied = sorted(owner.rsplit(".", 1)[-1] for owner in layers if f"{owner}.base_layer.weight" in shared)
+    if tied:
+        raise SystemExit(f"error: --lora-target-modules {' '.join(args.lora_target_modules)}: {', '.join(tied)} shares "
+                         "its weight with the input embedding (tie_word_embeddings), so its LoRA update could reach "
+                         f"neither vLLM nor merged/: drop {', '.join(tied)} from --lora-target-modules (all-linear "
+                         "leaves the output layer out), or use a model whose output layer is not tied")
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
         if ".lora_" in name:
@@ -96,6 +110,15 @@ def wrap(model, args):
         # grad, and a re-entrant checkpoint would then give LoRA no gradient (peft's usual fix)
         model.enable_input_require_grads()
     return model
+
+
+def tied_names(model) -> set[str]:
+    """Names of parameters that are one tensor under several names (a tied lm_head.weight and
+    model.embed_tokens.weight): every name of every such tensor."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {n for group in names.values() if len(group) > 1 for n in group}
 
 
 def trainable_counts(model) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """Rollout backends for train.py: HF `generate` and colocated vLLM 0.32 (GPU, or its CPU build), plus `collate`.
 
-Step 3 of the CoBA-RL loop (arXiv 2602.03048, method.md §3): after Algorithm 1 has fixed each
+Step 3 of the CoBA-RL loop (arXiv 2602.03048, docs/method-sources.md §3): after Algorithm 1 has fixed each
 prompt's budget B_i, generate B_i completions for prompt i. GRPO then needs, per rollout row,
 the prompt's token ids and the completion's token ids laid out as one (N, P+T) batch: `collate`.
 
@@ -36,7 +36,7 @@ def eos_ids(model, tokenizer) -> set[int]:
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token-id lists into input_ids (n, P) and attention_mask (n, P): a causal LM must see
     each prompt end right before its first new token."""
-    P = max(1, max(map(len, prompt_ids)))
+    P = max(1, max(map(len, prompt_ids), default=0))  # no rows (a torchrun rank without a group): (0, 1)
     ids = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)  # (n, P)
     attn = torch.zeros_like(ids)  # (n, P)
     for r, p in enumerate(prompt_ids):
@@ -502,7 +502,7 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     completion (EOS-less and length 0) keeps an all-zero mask row: it carries no loss.
     """
     p_ids, p_attn = left_pad(prompt_ids, pad_id)  # (N, P) each: the same layout generation saw
-    T = max(1, max(map(len, completion_ids)))
+    T = max(1, max(map(len, completion_ids), default=0))
     c_ids = torch.full((len(completion_ids), T), pad_id, dtype=torch.long)  # (N, T)
     cmask = torch.zeros_like(c_ids)  # (N, T)
     for r, c in enumerate(completion_ids):
@@ -513,4 +513,6 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
 
 
 def decode(tokenizer, ids: list[list[int]]) -> list[str]:
-    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+    """One string per row. No rows, no strings: batch_decode([]) returns [""] (it reads an empty list as
+    one empty sequence), which gave a torchrun rank that owns no group 1 completion for 0 answers."""
+    return tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []

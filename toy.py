@@ -9,12 +9,12 @@ hub; this file makes the same shape of problem on a laptop CPU:
    of operands, digits and the operator, so one model sees easy, medium and hopeless prompts at
    once. Each record is {"question", "answer", "level"}; answers are integers checked by verify.py.
 2. A tiny Qwen2-architecture causal LM (~0.8M parameters, the sizes that worked in
-   ../shared/calibration.md) and a 17-symbol character tokenizer built with `tokenizers`, saved
+   docs/calibration.md) and a 17-symbol character tokenizer built with `tokenizers`, saved
    with `save_pretrained` so train.py loads it through the same `from_pretrained` path as a hub model.
 3. A supervised warm-up on problems disjoint from the held-out split, so RL starts from non-zero,
    uneven pass rates (GRPO learns nothing from groups that never succeed).
 4. The lab is shipped, not built (issue 19): the same seeded warm-up gives different weights on
-   different processors (calibration.md: start greedy .211 / .336 / .340), so the warmed-up models
+   different processors (docs/calibration.md: start greedy .211 / .336 / .340), so the warmed-up models
    are committed under lab/ with a toy.json of how they were built, pinned by SHA256, and their
    start accuracies are in START. `ensure_toy_model(name)` returns the committed directory;
    `python toy.py --rebuild NAME [--out DIR]` reruns a recipe and prints the new build's hash
@@ -22,7 +22,7 @@ hub; this file makes the same shape of problem on a laptop CPU:
 
 The three models (`--model NAME` of train.py; toy and toy-strong share the arithmetic task,
 held-out = make_splits(0)[1]; toy-reason has its own task, held-out = make_sum_splits(0)[1]):
-  toy         lab/toy-w900: 900 steps, constant lr 3e-3 (calibration.md: 600 too weak, 1200 too
+  toy         lab/toy-w900: 900 steps, constant lr 3e-3 (docs/calibration.md: 600 too weak, 1200 too
               strong). The default: its held-out avg@8 rises most clearly under RL (.254 -> .321
               over the default run on calibration's .340 machine; this is that model).
   toy-strong  lab/toy-strong: 2,000 steps, lr 3e-3 cosine-decayed to 3e-4 (a constant 3e-3 is noisy
@@ -46,7 +46,7 @@ held-out = make_splits(0)[1]; toy-reason has its own task, held-out = make_sum_s
               probability .35 and the chain goes on from the slip. Start (512 held-out): avg@8 .270,
               greedy .494, pass@8 .730: sloppy sampling that compounds over the k - 1 steps, the
               regime in which RLVR lifts real models. Calibrated on this machine (AMD EPYC, one thread;
-              calibration.md's prototype used 900 phase-1 steps, but here 700 already gave greedy .50
+              docs/calibration.md's prototype used 900 phase-1 steps, but here 700 already gave greedy .50
               clean, and the 900-step start .327 avg@8 left less headroom than the 700-step .270):
               uniform GRPO, M 32, G 8, lr 3e-4, 60 steps took avg@8 .270 -> .443 (step 20) -> .528
               (step 60), greedy .494 -> .564, pass@8 .730 -> .758, in 302 s on a loaded machine (a
@@ -179,7 +179,7 @@ def make_sum_splits(seed: int = 0, n_train: int = 1024, n_test: int = 1024) -> t
     """toy-reason's (train pool, held-out set), disjoint by question, levels round-robin. The
     held-out set does not depend on n_train. There are ~99^k problems per level, so no cap binds.
     The pool is small on purpose (1,024, 32 steps an epoch at M 32): CoBA needs revisits to know
-    a prompt's pass rate (calibration.md: on a 4,608 pool every prompt was unseen after 72 steps,
+    a prompt's pass rate (docs/calibration.md: on a 4,608 pool every prompt was unseen after 72 steps,
     and CoBA allocated exactly as uniform)."""
     def pool(n: int, rng: random.Random, exclude: set[str]) -> list[dict]:
         out: list[dict] = []
@@ -229,7 +229,7 @@ def build_tokenizer(chars: list[str] = CHARS):
 
 
 def build_model(vocab_size: int, seed: int = 0, max_positions: int = 64):
-    """Qwen2 at 1/10,000th scale: 4 layers, width 128, GQA with 2 KV heads (calibration.md).
+    """Qwen2 at 1/10,000th scale: 4 layers, width 128, GQA with 2 KV heads (docs/calibration.md).
     max_positions: 64 for 3-token answers, 128 for toy-reason's worked solutions (up to ~76 tokens)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -269,7 +269,7 @@ def warmup(model, tokenizer, exclude: set[str], steps: int, seed: int, batch_siz
     """AdamW on fresh random problems of all levels (never the held-out ones), grad-clipped at 1.
 
     lr_schedule "constant" (the 900-step default) or "cosine" (lr -> final_lr over `steps`: a
-    constant 3e-3 is noisy late, calibration.md, so a long warm-up decays it). level_weights: the
+    constant 3e-3 is noisy late, docs/calibration.md, so a long warm-up decays it). level_weights: the
     chance of each level per problem (None: uniform). The defaults draw exactly as before, so the
     shipped default model rebuilds bit for bit on the processor that built it.
 
@@ -319,14 +319,14 @@ def warmup(model, tokenizer, exclude: set[str], steps: int, seed: int, batch_siz
 # 4. The shipped models: committed under lab/, rebuilt only on request
 # ----------------------------------------------------------------------------------------------
 # The same seeded, single-threaded warm-up gives different weights on different processors
-# (calibration.md: start greedy .211 / .336 / .340 on three machines), so the lab is not built at
+# (docs/calibration.md: start greedy .211 / .336 / .340 on three machines), so the lab is not built at
 # run time: the warmed-up models are committed, and every machine trains from the same weights.
 # RECIPES say how each was built (`python toy.py --rebuild NAME` reruns it); SHA256 pins the
 # committed weights; START holds their held-out accuracies (tests/test_toy.py re-measures them).
 LAB_DIR = REPO / "lab"
 
 RECIPES = {
-    # The default: the calibration.md warm-up, the one whose held-out avg@8 rises most clearly.
+    # The default: the docs/calibration.md warm-up, the one whose held-out avg@8 rises most clearly.
     "toy": dict(dir="toy-w900", seed=0, warmup_steps=900, lr=3e-3, lr_schedule="constant", final_lr=0.0,
                 level_weights=None),
     # F_bar falls below 0.5 in an ordinary run, so eq. 6's sigmoid branch runs (alpha_t < beta_t).
@@ -338,7 +338,7 @@ RECIPES = {
     # Worked solutions (issue 30): running sums. Phase 1 teaches the format and the arithmetic on
     # clean solutions; phase 2, the "noisy teacher", fine-tunes on solutions whose partial sums slip
     # with probability `noise`, so the model samples sloppy chains that RL can clean up (pass@8 high,
-    # avg@8 low: the regime in which RLVR lifts real models). calibration.md: a clean start barely
+    # avg@8 low: the regime in which RLVR lifts real models). docs/calibration.md: a clean start barely
     # learns under GRPO, because its errors are capability errors that 30k rollouts do not teach.
     "toy-reason": dict(dir="toy-reason", task="sums", seed=0, warmup_steps=700, lr=2e-3, lr_schedule="constant",
                        final_lr=0.0, level_weights=None, batch_size=64, max_positions=128,
@@ -437,7 +437,7 @@ def build_toy_model(name: str, out: Path | None = None, progress: bool = True) -
     if out.exists():
         raise SystemExit(f"error: {out} exists: remove it or pass another --out")
     t0 = time.time()
-    # One torch thread: the tiny model is dispatch-bound, a second thread does not help (calibration.md).
+    # One torch thread: the tiny model is dispatch-bound, a second thread does not help (docs/calibration.md).
     torch.set_num_threads(1)
     task, batch = r.get("task", "arith"), r.get("batch_size", 128)
     tokenizer = build_tokenizer(SUM_CHARS if task == "sums" else CHARS)

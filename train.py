@@ -4,7 +4,7 @@ CoBA-RL (Capability-Oriented Budget Allocation, arXiv 2602.03048) keeps GRPO's t
 budget B_total = M * G per step but hands it out unevenly: each prompt i gets B_i rollouts chosen to
 maximise sum_i V(B_i, p_i) (eq. 3), where V (eq. 9) weighs each prompt's pass rate p_i by a Beta
 density whose shape follows the model's global failure rate (eqs. 4-7) and saturates in B_i (eq. 8).
-One step of the loop below, in the order of method.md §3:
+One step of the loop below, in the order of docs/method-sources.md §3:
 
     1. sample M prompts                     (data.PromptSampler)
     2. allocate B_i from (p_i, alpha_t, beta_t, tau)   -> allocate.allocate_budgets  (Algorithm 1)
@@ -229,13 +229,13 @@ def open_log(run: Run, start: int, resume_from: Path | None, config: dict) -> No
 
 
 # ----------------------------------------------------------------------------------------------
-# One RL step (method.md §3): steps 1-4 the paper's way or an arm's, then rl_step
+# One RL step (docs/method-sources.md §3): steps 1-4 the paper's way or an arm's, then rl_step
 # ----------------------------------------------------------------------------------------------
-def step_prompts(run: Run, step: int) -> StepRollouts:
+def step_prompts(run: Run, step: int, n: int | None = None) -> StepRollouts:
     """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
-    --prompt-selection), tokenised once per prompt (not per rollout)."""
+    --prompt-selection), tokenised once per prompt (not per rollout). n: another count (a DAPO block)."""
     args = run.args
-    prompt_idx = run.sampler.next(args.prompts_per_step)
+    prompt_idx = run.sampler.next(n or args.prompts_per_step)
     prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
     return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
                         [run.train_set[j]["answer"] for j in prompt_idx], prompts)
@@ -339,21 +339,23 @@ def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: fl
 
 
 def dapo_rollouts(run: Run, step: int) -> StepBatch:
-    """Steps 1-4 with --dynamic-sampling (DAPO §3.2, a baseline): blocks of M prompts x G rollouts,
-    each the next M prompts of uniform GRPO's order with uniform's seed for that step, until M groups
-    carry signal or the block limit (dynamic_sampling.dapo_rollouts). The kept groups are the batch,
-    their p_i the tracker's as logged. One process only (cli refuses it under torchrun)."""
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2, a baseline): blocks of K prompts x G rollouts (K =
+    --gen-batch-size, verl's data.gen_batch_size; default M), each the next K prompts of uniform GRPO's
+    order with uniform's seed for that step (at K = M, also its prompts), until M groups carry signal or
+    the block limit (dynamic_sampling.dapo_rollouts). The kept groups are the batch, their p_i the
+    tracker's as logged. One process only (cli refuses it under torchrun)."""
     args, tracker, blocks, vstats = run.args, run.tracker, run.counters.get("blocks", 0), verify.VerifyStats()
-    budgets = allocate.uniform_budgets(args.prompts_per_step, args.total_budget)  # G each (B_total = M * G)
+    M = args.prompts_per_step
+    K = args.gen_batch_size or M
+    budgets = allocate.uniform_budgets(K, K * args.total_budget // M)  # G each (B_total = M * G; cli checks K B_total / M)
 
     def sample_block(b: int) -> tuple:  # block b of this update is the run's block blocks + b
-        roll = step_prompts(run, blocks + b)
+        roll = step_prompts(run, blocks + b, K)
         roll.vstats = vstats  # one count over the update's blocks
         return (roll, *sample_and_reward(run, roll, budgets, round_=0))
 
     left = None if args.max_rollouts is None else args.max_rollouts - run.counters["rollouts"]
-    dyn = dynamic_sampling.dapo_rollouts(sample_block, args.prompts_per_step, budgets, args.max_num_gen_batches,
-                                         left)
+    dyn = dynamic_sampling.dapo_rollouts(sample_block, M, budgets, args.max_num_gen_batches, left)
     run.counters["blocks"] = blocks + dyn.blocks
     kept = dyn.kept_rows()
     roll = StepRollouts(step, kept["prompt_idx"], kept["prompt_tok_m"], kept["answers_m"], kept["prompts"], vstats,
@@ -422,8 +424,19 @@ def spent_stats(got: StepBatch, rewards: torch.Tensor, stats: dict) -> dict:
             "step_rollouts": len(rewards), "step_groups": n_groups}
 
 
+def over_ranks(roll: StepRollouts) -> dict:
+    """The step's generation time and verifier counts over every rank, like the rest of its record
+    (rank 0's own alone before issue 41). A collective: every rank calls it. verify_timeouts and
+    verify_errors are SUMMED: each rank verified only its own rows, so the sum counts each rollout
+    once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
+    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
+    parts = dist.gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
+    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
+            "verify_errors": sum(p[2] for p in parts)}
+
+
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step (0-based `step`), in the order of method.md §3; returns its JSONL record. Steps 1-4
+    """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record. Steps 1-4
     are the paper's or an arm's (one call each): DAPO's refill, our --probe; MoPPS draws the prompts
     (run.sampler), and the coba-oracle diagnostic the pass rates (step_pass_rates)."""
     args, tracker = run.args, run.tracker
@@ -473,8 +486,7 @@ def rl_step(run: Run, step: int) -> dict:
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
         "prompt_idx": roll.prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **got.share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
-        "gen_seconds": round(roll.gen_seconds, 3),
-        "verify_timeouts": roll.vstats.timeouts, "verify_errors": roll.vstats.errors, **got.extra, **metrics,
+        **over_ranks(roll), **got.extra, **metrics,
     }
 
 
@@ -526,7 +538,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 interrupt.requested, interrupt.signum = True, signal.SIGTERM
             if done % args.save_every == 0 or finished or interrupt.requested:
                 saved = save_checkpoint(out, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
-                                        run.tracker, run.sampler, args, run.counters)
+                                        run.tracker, run.sampler, args, run.counters, run_end=finished)
             if interrupt.requested:  # main exits 130 (Ctrl-C) or 143 (SIGTERM): the run did not finish
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 run.log.close()

@@ -2,7 +2,7 @@
 
 RLVR (RL with verifiable rewards, as in DeepSeekMath's GRPO and DeepSeek-R1) scores a rollout by
 checking its final answer against the reference, with no learned reward model. CoBA-RL assumes
-exactly this binary reward (method.md §0, paper §2.1): a prompt's pass rate p_i (eq. 1) is the mean
+exactly this binary reward (docs/method-sources.md §0, paper §2.1): a prompt's pass rate p_i (eq. 1) is the mean
 of these rewards over its rollouts, and F_t (eq. 4) is built from them.
 
 Test:   python -m pytest -q tests/test_verify.py          (~140 cases, ~15 s)

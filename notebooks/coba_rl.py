@@ -429,7 +429,7 @@ for i in range(4):
 # %% [markdown]
 # ## 5. A short training run
 #
-# Now the whole loop (method.md §3): each step samples M prompts, allocates B_i from the tracker's
+# Now the whole loop (docs/method-sources.md §3): each step samples M prompts, allocates B_i from the tracker's
 # p_i and alpha_t, beta_t (Section 3), generates and rewards the rollouts, updates the tracker, and
 # takes the GRPO update of Section 4. We run it through `train.py`'s command line, as a student
 # would, in a subprocess, and redraw its log (`OUTPUT_DIR/log.jsonl`) while it runs. The run is

@@ -4,6 +4,9 @@
                                 them), and each rank writes the budgets of its sampling calls to
                                 OUTPUT_DIR/calls-rank<r>.json; the greedy evaluation stays real
     COBA_TEST_KILL_STEP=k       rank 1 kills itself (SIGKILL: no handler, no cleanup) as step k begins
+    COBA_TEST_VERIFY_COUNTS=1   each rank's verifier counts, per sampling call, rank + 1 timeouts and
+                                10 x (rank + 1) errors (its rewards unchanged), so that a step record's
+                                verify_timeouts / verify_errors say whose counts they hold
     COBA_TEST_SGD=1             plain SGD instead of AdamW, so that the weights after a step are the
                                 gradient times lr: Adam's first step, lr * g / (|g| + eps), turns the
                                 float32 rounding noise of a gradient entry near 0 into a +/-lr move
@@ -56,6 +59,20 @@ def kill_rank1_at(step: int) -> None:
     train.rl_step = rl_step
 
 
+def verify_counts() -> None:
+    real_rewards = train.verify.rewards
+    rank = int(os.environ.get("RANK", 0))
+
+    def rewards(*a, stats=None, **kw):
+        out = real_rewards(*a, stats=stats, **kw)
+        if stats is not None:  # a training step's sampling round (the evaluation passes no stats)
+            stats.timeouts += rank + 1
+            stats.errors += 10 * (rank + 1)
+        return out
+
+    train.verify.rewards = rewards
+
+
 def sgd() -> None:
     import torch
 
@@ -70,4 +87,6 @@ if __name__ == "__main__":
         kill_rank1_at(int(os.environ["COBA_TEST_KILL_STEP"]))
     if os.environ.get("COBA_TEST_SGD"):
         sgd()
+    if os.environ.get("COBA_TEST_VERIFY_COUNTS"):
+        verify_counts()
     train.main(argv)

@@ -302,7 +302,7 @@ def test_uniform_spreads_the_remainder_one_each():
 
 @pytest.mark.parametrize("allocator", A.ALLOCATORS)
 def test_all_unseen_batch_is_uniform(allocator):
-    # method.md §3: a p_i exists only from an earlier visit; the first epoch is uniform
+    # docs/method-sources.md §3: a p_i exists only from an earlier visit; the first epoch is uniform
     p = np.array([0.0, 0.2, 0.5, 0.9])  # ignored: nothing seen yet
     assert A.allocate_budgets(allocator, p, np.zeros(4, bool), 10, 2, 8, 5.5, 5.5, 6.0) == [3, 3, 2, 2]
 
@@ -429,7 +429,7 @@ def test_coba_vs_coba_released_on_a_fixed_batch():
     assert coba.adaptive_tau(p) == pytest.approx(10.002, abs=1e-3)  # over all 8: coba's tau
     args = (p, np.ones(8, bool), 64, 2, 32, 5.5, 5.5, "adaptive")
     # Algorithm 1: all 48 surplus units go to the two prompts nearest the density's peak p = 0.5;
-    # p = 0 and 0.03 stay at 2 rollouts (calibration.md's "sticky zero").
+    # p = 0 and 0.03 stay at 2 rollouts (docs/calibration.md's "sticky zero").
     assert A.allocate_budgets("coba", *args) == [2, 2, 2, 22, 30, 2, 2, 2]
     # Hybrid: p = 0, 0.03 (very hard) and 1.0 (very easy) stay out of the heap. 5 of 8 prompts are
     # in it (> half) -> 0.8 x 48 = 38.4 -> 38 units by Algorithm 1 with tau over those 5 (6.56):
@@ -457,7 +457,7 @@ def test_released_heap_share_formula():
 
 
 def test_released_never_loops_when_the_heap_share_exceeds_capacity():
-    # calibration.md: "A hybrid allocator whose heap share exceeds what its prompts can hold at
+    # docs/calibration.md: "A hybrid allocator whose heap share exceeds what its prompts can hold at
     # B_max looped forever." 5 mid prompts + 3 very hard, B in [2, 4], B_total 30: surplus 14,
     # 5 of 8 in the heap -> 0.8 x 14 = 11 units, but 5 prompts x (4 - 2) = 10 fit (the released heap
     # stops there too). The 4 left go to the very hard ones, weights .999999, .99, .98 (W = 2.969999):

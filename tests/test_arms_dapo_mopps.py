@@ -78,50 +78,72 @@ def test_has_signal_is_verls_std_rule():
     assert dynamic_sampling.has_signal([0.0, 1.0]) and dynamic_sampling.has_signal([1.0])  # one rollout: verl keeps it
     with pytest.raises(ValueError, match="max_blocks >= 1"):
         dynamic_sampling.dynamic_sample(scripted([]), M=3, max_blocks=0)
+    # no limit (None: train.py's --max-num-gen-batches <= 0, verl's convention): blocks until M are kept
+    calls = []
+    out = dynamic_sampling.dynamic_sample(scripted(calls), M=7, max_blocks=None)
+    assert calls == [0, 1, 2] and len(out.kept) == 7 and not out.partial
 
 
 # ----------------------------------------------------------------------------------------------
 # DAPO in train.py, on known rollouts (test_step.FixedRollouts: prompt j's rows are all wrong for
 # j % 4 == 0, all right for 1, mixed for 2 and 3)
 # ----------------------------------------------------------------------------------------------
-def expected_dapo(seed: int, n: int, M: int, G: int, max_blocks: int, max_rollouts: int):
-    """Per update: (blocks of prompts, kept prompts, partial), drawing blocks from the seed's order."""
+def expected_dapo(seed: int, n: int, M: int, G: int, max_blocks: int, max_rollouts: int, K: int):
+    """Per update: (blocks of prompts, kept prompts, partial), drawing blocks of K prompts from the
+    seed's order; max_blocks <= 0: no limit but the rollout budget (verl's convention)."""
     sampler, updates, spent = data.PromptSampler(n, seed), [], 0
     while spent < max_rollouts:
-        limit = min(max_blocks, (max_rollouts - spent) // (M * G))
+        limit = (max_rollouts - spent) // (K * G)
+        if max_blocks > 0:
+            limit = min(max_blocks, limit)
         blocks, signal = [], []
         while len(signal) < M and len(blocks) < limit:
-            blocks.append(sampler.next(M))
+            blocks.append(sampler.next(K))
             signal += [j for j in blocks[-1] if j % 4 in (2, 3)]
-        spent += len(blocks) * M * G
-        updates.append((blocks, signal[:M], len(signal) < M))
+        spent += len(blocks) * K * G
+        updates.append((blocks, signal[:M], len(signal) < M, max(0, len(signal) - M)))
     return updates
 
 
-@pytest.mark.parametrize("max_blocks", [10, 1], ids=["refill", "block-limit"])
-def test_dapo_wiring_in_train(tmp_path, toy_model_dir, monkeypatch, max_blocks):
-    M, G, R = 4, 4, 7 * 16  # 7 blocks' worth of rollouts (an odd number: the last update is cut by the budget)
+# (--max-num-gen-batches, --gen-batch-size K, rollouts, pool): 4 prompts x 4 rollouts a step; R = 7 blocks
+# of K = 4 (an odd number: the last update is cut by the budget), or 3 blocks of K = 8 (verl's gen_batch_size
+# above M, as the DAPO recipe's 3 x M) from a pool of 16, so that a block can hold more than M groups with
+# signal (a surplus to drop); 0 blocks: no limit (verl's max_num_gen_batches <= 0; issue 41.5)
+@pytest.mark.parametrize("max_blocks, K, R, n", [(10, 4, 7 * 16, 8), (1, 4, 7 * 16, 8), (0, 4, 7 * 16, 8),
+                                                 (10, 8, 3 * 32, 16)],
+                         ids=["refill", "block-limit", "no-limit", "blocks-of-2M"])
+def test_dapo_wiring_in_train(tmp_path, toy_model_dir, monkeypatch, max_blocks, K, R, n):
+    M, G = 4, 4
     rec = run_arm(tmp_path, monkeypatch, ["--allocator", "uniform", "--dynamic-sampling", "--prompts-per-step", "4",
                                           "--steps", "20", "--max-rollouts", str(R), "--eval-every-rollouts", "16",
-                                          "--max-num-gen-batches", str(max_blocks)])
-    want = expected_dapo(0, 8, M, G, max_blocks, R)
+                                          "--max-num-gen-batches", str(max_blocks), "--train-size", str(n)]
+                  + (["--gen-batch-size", str(K)] if K != M else []))
+    want = expected_dapo(0, n, M, G, max_blocks, R, K)
     assert len(rec["steps"]) == len(want) < 20  # the run ends on rollouts, before --steps
     assert rec["allocate"] == []  # DAPO's arm calls no allocator: G each
     gen = iter(rec["gen"])
     spent, visits = 0, iter(rec["update"])
-    for r, (blocks, kept, partial) in zip(rec["steps"], want):
-        for block in blocks:  # one generation call per block, G rollouts for each of its M prompts
-            assert next(gen) == [G] * M
-        spent += len(blocks) * M * G
+    for r, (blocks, kept, partial, surplus) in zip(rec["steps"], want):
+        for block in blocks:  # one generation call per block, G rollouts for each of its K prompts
+            assert next(gen) == [G] * K
+        spent += len(blocks) * K * G
         assert r["dapo_blocks"] == len(blocks) and r["prompt_idx"] == kept and r["dapo_partial"] == partial
-        assert r["budgets"] == [G] * len(kept) and r["rollouts"] == spent and r["step_rollouts"] == len(blocks) * M * G
+        assert r["budgets"] == [G] * len(kept) and r["rollouts"] == spent and r["step_rollouts"] == len(blocks) * K * G
         # every group generated is a visit of the tracker, kept or dropped, in generation order
         up = next(visits)
-        assert up["ids"] == [j for b in blocks for j in b] and up["totals"] == [G] * (M * len(blocks))
+        assert up["ids"] == [j for b in blocks for j in b] and up["totals"] == [G] * (K * len(blocks))
         assert up["successes"] == [float(sum(is_correct(j, k) for k in range(G))) for b in blocks for j in b]
-        # the spent rollouts' zero-signal groups: j % 4 in (0, 1)
-        assert r["zero_signal_groups"] == sum(j % 4 in (0, 1) for b in blocks for j in b)
+        # the spent rollouts' zero-signal groups: j % 4 in (0, 1); reward and group counts over every
+        # generated group, the dropped ones included; the batch's kept groups and the surplus dropped
+        generated = [j for b in blocks for j in b]
+        assert r["zero_signal_groups"] == sum(j % 4 in (0, 1) for j in generated)
+        assert r["step_groups"] == len(generated) and r["frac_reward_zero_std"] == r["zero_signal_groups"] / len(generated)
+        assert r["reward"] == pytest.approx(np.mean([is_correct(j, k) for j in generated for k in range(G)]))
+        assert (r["dapo_kept_groups"], r["dapo_surplus_groups"]) == (len(kept), surplus)
     assert next(gen, None) is None and spent == R
+    # block b of the run samples with uniform GRPO's step-b seed (vLLM's request seeds; HF ignores it)
+    seeds = [c["seed"] for c in rec["rollouts"].calls if not c["greedy"]]
+    assert seeds == [2 * (0 * 1_000_003 + b) for b in range(sum(len(w[0]) for w in want))]
     # evaluations at every 16 rollouts, the ones inside an update of the policy before it
     log = checkpoint.read_log(tmp_path / "log.jsonl")
     evals = [r for r in log if r["type"] == "eval"]
@@ -131,7 +153,11 @@ def test_dapo_wiring_in_train(tmp_path, toy_model_dir, monkeypatch, max_blocks):
     summary = log[-1]
     assert summary["type"] == "summary" and summary["step"] == len(want) and summary["rollouts"] == R
     if max_blocks == 1:
-        assert any(p for _, _, p in want), "fixture must hit the block limit"
+        assert any(w[2] for w in want), "fixture must hit the block limit"
+    if max_blocks == 0:  # without a limit an update refills past 1 block where the budget allows
+        assert max(len(w[0]) for w in want) > 1 and not want[0][2]
+    if K > M:
+        assert any(w[3] for w in want), "fixture must drop surplus groups"
 
 
 def test_dapo_finished_run_is_recognised_on_resume(tmp_path, toy_model_dir, monkeypatch):
@@ -174,9 +200,9 @@ class FixedDraws:
 
 
 def test_mopps_sampler_draws_from_the_posterior_and_keeps_the_nearest(monkeypatch):
-    asked = []
+    asked, seeds = [], []
     thetas = [[0.9, 0.45, 0.2, 0.55], [0.1, 0.5, 0.3, 0.8]]
-    monkeypatch.setattr(data.np.random, "default_rng", lambda seed: FixedDraws(thetas, asked))
+    monkeypatch.setattr(data.np.random, "default_rng", lambda seed: seeds.append(list(seed)) or FixedDraws(thetas, asked))
     s = data.MoPPSSampler(8, seed=3, ratio=2, decay=1.0)
     order = data.PromptSampler(8, seed=3)
     cands = order.next(4)  # ratio x M = 4 candidates: the seed's epoch order
@@ -189,6 +215,7 @@ def test_mopps_sampler_draws_from_the_posterior_and_keeps_the_nearest(monkeypatc
     assert s.next(2) == [cands2[1], cands2[2]]
     assert asked[1] == ([2.0, 1.0, 1.0, 1.0], [9.0, 1.0, 1.0, 1.0])
     assert s.posterior[cands[1]] == (4.0, 2.0) and s.posterior[cands[3]] == (1.0, 5.0)
+    assert seeds == [[3, 0], [3, 1]] and s.draws == 2  # each step's draw from its own seed: (--seed, draw number)
     # a checkpoint round trip keeps the order, the draw count and the posteriors
     t = data.MoPPSSampler(8, seed=3, ratio=2)
     t.load_state_dict(json.loads(json.dumps(s.state_dict())))
@@ -207,17 +234,19 @@ def test_mopps_wiring_posterior_gets_the_trackers_visits(tmp_path, toy_model_dir
 
     monkeypatch.setattr(data.MoPPSSampler, "record", record)
     rec = run_arm(tmp_path, monkeypatch, ["--allocator", "coba", "--prompt-selection", "mopps", "--mopps-ratio", "2",
-                                          "--prompts-per-step", "4", "--steps", "4"])
+                                          "--prompts-per-step", "4", "--steps", "4", "--mopps-decay", "0.5"])
     check_arm(rec)
     assert recorded == [(u["ids"], u["successes"], u["totals"]) for u in rec["update"]]
-    # the posterior after the run: Beta(1 + right, 1 + wrong) summed over each prompt's visits (lambda = 1)
+    # the posterior after the run, by hand: each visit decays (alpha, beta) halfway to Beta(1, 1) (lambda =
+    # --mopps-decay 0.5), then adds the visit's right and wrong rollouts
     state = __import__("torch").load(tmp_path / "checkpoint-4" / "trainer_state.pt", weights_only=False)
     want = {}
     for u in rec["update"]:
         for j, s, n in zip(u["ids"], u["successes"], u["totals"]):
             a, b = want.get(j, (1.0, 1.0))
-            want[j] = (a + s, b + n - s)
-    assert {int(j): tuple(v) for j, v in state["sampler"]["posterior"].items()} == want
+            want[j] = (0.5 * a + 0.5 + s, 0.5 * b + 0.5 + n - s)
+    assert any(len([1 for u in rec["update"] if j in u["ids"]]) > 1 for j in want), "fixture must revisit a prompt"
+    assert {int(j): tuple(v) for j, v in state["sampler"]["posterior"].items()} == want  # halves and integers: exact
     assert all(len(r["mopps_theta"]) == 4 for r in rec["steps"])
 
 
@@ -226,7 +255,7 @@ def test_mopps_wiring_posterior_gets_the_trackers_visits(tmp_path, toy_model_dir
 # ----------------------------------------------------------------------------------------------
 def test_help_shows_the_arms():
     out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
-    for flag in ("--dynamic-sampling", "--max-num-gen-batches", "--prompt-selection", "{sampler,mopps}",
+    for flag in ("--dynamic-sampling", "--max-num-gen-batches", "--gen-batch-size", "--prompt-selection", "{sampler,mopps}",
                  "--mopps-ratio", "--mopps-decay", "--max-rollouts", "--eval-every-rollouts"):
         assert flag in out, flag
     out = subprocess.run([sys.executable, "compare.py", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -238,7 +267,12 @@ def test_help_shows_the_arms():
     (["--max-rollouts", "100"], "--max-rollouts 100 is not a multiple of B_total = 256"),
     (["--eval-every-rollouts", "300"], "--eval-every-rollouts 300 is not a multiple"),
     (["--mopps-decay", "1.5"], "--mopps-decay must be in [0, 1]"),
-    (["--max-num-gen-batches", "0"], "--max-num-gen-batches must be in"),
+    (["--dynamic-sampling", "--allocator", "uniform", "--gen-batch-size", "0"], "--gen-batch-size must be in [1, inf)"),
+    (["--gen-batch-size", "96"], "--gen-batch-size is the block size of DAPO's --dynamic-sampling"),
+    (["--dynamic-sampling", "--allocator", "uniform", "--gen-batch-size", "96", "--max-rollouts", "512"],
+     "--max-rollouts 512 is not a multiple of a DAPO block's 768 rollouts"),
+    (["--dynamic-sampling", "--allocator", "uniform", "--gen-batch-size", "5", "--total-budget", "100"],
+     "--gen-batch-size 5 x B_total 100 is not a multiple of --prompts-per-step 32"),
 ])
 def test_bad_arm_flags_are_one_line_errors(flags, words, capsys):
     with pytest.raises(SystemExit):
@@ -251,6 +285,14 @@ def test_mopps_candidates_must_fit_the_pool(tmp_path, toy_model_dir):
     with pytest.raises(SystemExit, match="--mopps-ratio 8 x --prompts-per-step 8 = 64 candidates .* 32 training"):
         train.main(["--model", "toy", "--prompt-selection", "mopps", "--train-size", "32", "--prompts-per-step", "8", "--steps", "1",
                     "--no-progress", "--output-dir", str(tmp_path)])
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+def test_dapo_block_must_fit_the_pool(tmp_path, toy_model_dir):
+    with pytest.raises(SystemExit, match="--gen-batch-size 64 prompts a DAPO block, more than the 32 training"):
+        train.main(["--model", "toy", "--dynamic-sampling", "--allocator", "uniform", "--gen-batch-size", "64",
+                    "--train-size", "32", "--prompts-per-step", "8", "--steps", "1", "--no-progress",
+                    "--output-dir", str(tmp_path)])
     assert not (tmp_path / "log.jsonl").exists()
 
 

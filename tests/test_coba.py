@@ -238,7 +238,7 @@ def test_value_function_interface():
 
 
 # ----------------------------------------------------------------------------------------------
-# CapabilityTracker (method.md §3)
+# CapabilityTracker (docs/method-sources.md §3)
 # ----------------------------------------------------------------------------------------------
 def test_tracker_unseen_prompts_get_prior():
     tr = coba.CapabilityTracker(prior=0.5)

@@ -117,7 +117,7 @@ def test_share_rows_and_local_rows():
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def one_and_two(tmp_path_factory):
-    env = {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"}  # SGD: see tests/dist_worker.py
+    env = {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1", "COBA_TEST_VERIFY_COUNTS": "1"}  # tests/dist_worker.py
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
     ok(launch(one, 2, 1, env))
     ok(launch(two, 2, 2, env))
@@ -128,7 +128,7 @@ def one_and_two(tmp_path_factory):
 def one_and_fsdp(one_and_two, tmp_path_factory):
     """One process (one_and_two's) against 2 ranks under --fsdp, on the same injected rollouts."""
     fsdp = tmp_path_factory.mktemp("fsdp")
-    ok(launch(fsdp, 2, 2, {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"},
+    ok(launch(fsdp, 2, 2, {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1", "COBA_TEST_VERIFY_COUNTS": "1"},
               extra=["--fsdp", "--micro-batch-size", "3"]))
     return one_and_two[0], fsdp
 
@@ -157,8 +157,15 @@ def assert_same_as_one_process(one: Path, two: Path) -> None:
         for key in ("reward", "F_t", "alpha_t", "beta_t", "tau", "pass_rates", "completion_tokens", "rollouts",
                     "zero_signal_groups"):
             assert b[key] == a[key], key
-        for key in ("loss", "grad_norm"):  # the summed gradient, not the mean: grad_norm would halve
+        # the summed gradient, not the mean: grad_norm would halve; each rank's token means weighted by
+        # its micro-batches' share of the step's tokens (all ranks'), then added over ranks: one process's
+        # token means (issue 41.8: weighted by rows, 2 ranks logged another ratio_mean, and no test saw it)
+        for key in ("loss", "grad_norm", "ratio_mean", "clip_frac", "entropy", "kl", "num_tokens"):
             assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+        # the verifier's counts are every rank's (dist_worker: rank r counts r + 1 timeouts and 10 (r + 1)
+        # errors a sampling call), not rank 0's alone (issue 41.6)
+        assert (a["verify_timeouts"], a["verify_errors"]) == (1, 10)
+        assert (b["verify_timeouts"], b["verify_errors"]) == (1 + 2, 10 + 20)
     # the held-out evaluation, split over ranks (problems 0, 2, 4, 6 and 1, 3, 5, 7) and gathered:
     # greedy on the same weights, so the same accuracy over all 8 problems as one process's
     e1, e2 = log(one, "eval"), log(two, "eval")
@@ -187,6 +194,32 @@ def test_fsdp_is_refused_without_torchrun_and_with_what_it_cannot_shard(tmp_path
         with pytest.raises(SystemExit):  # argparse's one line (exit 2)
             train.main(BASE + ["--steps", "1", "--output-dir", str(out), "--fsdp", *extra])
         assert not out.exists()
+
+
+def test_fewer_prompts_than_ranks_train_as_one_process(tmp_path):
+    """Issue 41.1: --prompts-per-step 1 on 2 ranks (without --fsdp). Rank 1 owns no group and no
+    held-out problem; it still joins every collective (the gathers, the gradient all-reduce, the
+    metric sums: it has none of the loss's metrics) and verifies nothing, and the run gives one
+    process's weights, tracker, records and evaluation (it used to stop in verify.py on rank 1:
+    "1 completions but 0 answers", then hang in the metric all-reduce)."""
+    env, extra = {"COBA_TEST_FIXED_ROLLOUTS": "1", "COBA_TEST_SGD": "1"}, ["--prompts-per-step", "1", "--eval-size", "1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    ok(launch(one, 2, 1, env, extra))
+    ok(launch(two, 2, 2, env, extra))
+    for step in (1, 2):
+        w1, w2 = weights(one, step), weights(two, step)
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], atol=ATOL, rtol=0, msg=name)
+        assert trainer_state(two, step)["tracker"] == trainer_state(one, step)["tracker"]
+    s1, s2 = log(one), log(two)
+    assert len(s1) == len(s2) == 2 and [len(r["budgets"]) for r in s1] == [1, 1]
+    assert [r["rank_rollouts"] for r in s2] == [[r["budgets"][0], 0] for r in s1]  # rank 1: nothing to do
+    for a, b in zip(s1, s2):
+        for key in ("prompt_idx", "budgets", "reward", "F_t", "completion_tokens", "rollouts", "verify_errors"):
+            assert b[key] == a[key], key
+        for key in ("loss", "grad_norm", "ratio_mean", "entropy"):  # a rank without rows adds 0 to each
+            assert b[key] == pytest.approx(a[key], rel=RTOL, abs=1e-7), key
+    assert [r["heldout_acc"] for r in log(two, "eval")] == [r["heldout_acc"] for r in log(one, "eval")]
 
 
 def test_each_rank_generates_only_its_whole_groups_balanced(one_and_two):
@@ -228,3 +261,108 @@ def test_killed_rank_leaves_checkpoint_whole_and_resume_is_exact(sharding, tmp_p
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [{k: v for k, v in r.items() if k not in drop} for r in b] == \
         [{k: v for k, v in r.items() if k not in drop} for r in a]
+
+
+# ----------------------------------------------------------------------------------------------
+# What a step record and an evaluation take from each rank (issue 41.6), in one process
+# ----------------------------------------------------------------------------------------------
+def test_step_record_sums_verifier_counts_and_takes_the_slowest_generation(monkeypatch):
+    """over_ranks on 2 ranks' (gen_seconds, timeouts, errors), faked as dist.gather_object returns them:
+    the counts add up (each rank verified its own rows), the generation time is the slowest rank's."""
+    import train
+    import verify
+
+    mine = train.StepRollouts(0, [], [], [], vstats=verify.VerifyStats(timeouts=1, errors=0), gen_seconds=1.25)
+    other = (2.5, 3, 2)  # rank 1's (gen_seconds, timeouts, errors)
+    monkeypatch.setattr(dist, "gather_object", lambda obj: [obj, other])
+    assert train.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
+
+
+def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
+    """run_eval's fork_rng touches this rank's device alone (cuda:1 here), not every visible GPU; on
+    CPU none. A stand-in fork_rng records what it is asked; no GPU is needed."""
+    import contextlib
+    import types
+
+    import evaluate
+
+    asked = []
+
+    @contextlib.contextmanager
+    def fork_rng(devices=None, **kw):
+        asked.append(list(devices) if devices is not None else None)
+        yield
+
+    monkeypatch.setattr(torch.random, "fork_rng", fork_rng)
+    run = types.SimpleNamespace(args=types.SimpleNamespace(seed=0, eval_samples=0), counters={"rollouts": 0},
+                                eval_sets={}, device=torch.device("cuda", 1), write=lambda record: None)
+    evaluate.run_eval(run, 0)
+    run.device = torch.device("cpu")
+    evaluate.run_eval(run, 0)
+    assert asked == [[torch.device("cuda", 1)], []]
+
+
+def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_dir):
+    """Rank r > 0 reseeds torch with seed * 1_000_003 + r once setup has loaded the model (its HF rollouts
+    are its own draws, not rank 0's again), and inside every evaluation; rank 0 keeps --seed, so one
+    process is unchanged. In one process, with dist.current() standing in for rank 0 and rank 1 of 2;
+    a stand-in evaluation records the draws it would sample from."""
+    import evaluate
+    import train
+
+    def draws(rank: int):
+        monkeypatch.setattr(dist, "current", lambda: dist.Ranks(rank, 2, rank))
+        out = tmp_path / f"rank{rank}"
+        out.mkdir()
+        ap = train.build_parser()
+        args = train.resolve_args(ap.parse_args(BASE + ["--steps", "1", "--seed", "3", "--output-dir", str(out)]), ap)
+        seen = []
+        monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: seen.append(torch.rand(2)) or {"acc": 0.0})
+        run, _ = train.setup(args, out, None)  # its step-0 evaluation included
+        evaluate.run_eval(run, 1)
+        return torch.rand(2), seen  # the next draw of training (HF sampling), and the evaluations'
+
+    def seeded(seed: int) -> torch.Tensor:
+        return torch.rand(2, generator=torch.Generator().manual_seed(seed))
+
+    for rank, seed in ((0, 3), (1, 3 * 1_000_003 + 1)):
+        train_draw, eval_draws = draws(rank)
+        assert torch.equal(train_draw, seeded(seed)), rank
+        assert len(eval_draws) == 2 and all(torch.equal(d, seeded(seed)) for d in eval_draws), rank
+
+
+def test_policy_update_adds_its_metrics_and_the_vllm_gap_over_ranks(monkeypatch, toy_model_dir):
+    """policy_update hands its metric sums (grad_norm aside: the same on every rank) and the vLLM gap's
+    three sums to dist.all_reduce_sums. A stand-in reduction adds what another rank would have: the
+    record's loss gains it, and the gap is the ratio of the summed sums (not this rank's own ratio)."""
+    import train
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rollout
+
+    tok = AutoTokenizer.from_pretrained(toy_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(toy_model_dir)
+    prompts = [tok(q, add_special_tokens=False)["input_ids"] for q in ["2+3=", "9*9=", "40-7=", "47*38="]]
+    completions = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in ["5", "81", "33", "1786"]]
+    ids, attn, cmask = rollout.collate(prompts, completions, tok.pad_token_id)
+    ap = train.build_parser()
+    args = train.resolve_args(ap.parse_args(["--model", "toy", "--num-mini-batches", "1", "--no-progress"]), ap)
+    batch = {"input_ids": ids, "attention_mask": attn, "completion_mask": cmask,
+             "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0]), "sampler_logps": torch.full(cmask.shape, -2.0)}
+    other = {"loss": 10.0, 0: 3.0, 1: 5.0, 2: 0.0}  # another rank's loss share and gap sums (|gap| 3 over 5 tokens)
+    seen = []
+
+    def all_reduce_sums(sums, keep=()):
+        seen.append(sorted(map(str, sums)))
+        return {k: v + (other.get(k, 0.0) if k not in keep else 0.0) for k, v in sums.items()}
+
+    monkeypatch.setattr(dist, "all_reduce_sums", all_reduce_sums)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    with torch.no_grad():
+        mine = train.grpo.per_token_logps(model, ids, attn, cmask.shape[1])  # (4, T): the trainer's log-probs
+    own_gap, own_tokens = float(((mine + 2.0).abs() * cmask).sum()), float(cmask.sum())
+    metrics = train.policy_update(model, optimizer, scheduler, batch, args)
+    assert len(seen) == 2 and "grad_norm" in seen[0]  # the metrics, then the gap's sums
+    assert metrics["vllm_logp_gap"] == pytest.approx((own_gap + 3.0) / (own_tokens + 5.0), rel=1e-5)
+    assert metrics["loss"] > 9.0  # this rank's loss (|loss| << 1 here) plus the other rank's 10

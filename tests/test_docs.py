@@ -18,6 +18,7 @@ import importlib
 import inspect
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -269,3 +270,39 @@ def test_the_readme_picture_is_drawn_by_plots(tmp_path):
     committed = imread(ROOT / "docs" / "beta_by_failure_rate.png")
     assert ours.shape == committed.shape and ours[..., :3].std() > 0.05  # same canvas, not blank
     assert "docs/beta_by_failure_rate.png" in (ROOT / "README.md").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# The project cites only itself (issue 41.7)
+# ----------------------------------------------------------------------------------------------
+OUTSIDE = "../" + "shared/"  # the maintainers' notes beside the repository, which no user has (split: not a hit here)
+
+
+def tracked_files() -> list[Path]:
+    """The repository's files as git lists them; without git metadata (an exported tree), every file
+    outside the ignored places (dot folders, runs/, caches), so the check below still runs."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        return [ROOT / f for f in out.decode().split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {"runs", "mutants", "handout", "__pycache__"}
+        return [p for p in ROOT.rglob("*") if p.is_file() and not any(
+            part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts)]
+
+
+def test_no_file_cites_notes_outside_the_repository():
+    """A user has only the repository: no file may send them to OUTSIDE or to the notes' old
+    names, and every `method-sources.md §N` a file cites is a section of docs/method-sources.md."""
+    files = tracked_files()
+    assert len(files) > 50 and ROOT / "README.md" in files
+    texts = {f: f.read_bytes().decode("utf-8", "ignore") for f in files if f.is_file()}
+    outside = [f"{f.relative_to(ROOT)}:{n}" for f, t in texts.items()
+               for n, line in enumerate(t.splitlines(), 1) if OUTSIDE in line]
+    assert not outside, f"cites {OUTSIDE}: {outside}"
+    old = [f"{f.relative_to(ROOT)}:{n}" for f, t in texts.items()
+           for n, line in enumerate(t.splitlines(), 1) if re.search(r"(?<![\w/-])method\.md", line)]
+    assert not old, f"cites the old name of docs/method-sources.md: {old}"
+    sections = set(re.findall(r"^## §(\d+)\.", (ROOT / "docs" / "method-sources.md").read_text(), re.M))
+    cited = {m for t in texts.values() for m in re.findall(r"method-sources\.md §(\d+)", t)}
+    assert cited and cited <= sections, f"cited sections {sorted(cited - sections)} are not in docs/method-sources.md"
+

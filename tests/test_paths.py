@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12", "--steps", "1"]
 RESULTS = ("runs.jsonl", "compare.jsonl", "table.md")  # a results folder's tables (compare.RESULTS_FILES)
-COMMITTED = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "results").rglob("compare.jsonl"))
+# every results folder committed under results/, found by walking it (a folder with any of the files)
+COMMITTED = sorted({p.parent.relative_to(ROOT) for name in RESULTS for p in (ROOT / "results").rglob(name)})
 
 
 def refusal(call, *args) -> str:
@@ -55,28 +56,36 @@ def cwd(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # 1. A redraw reproduces the committed tables byte for byte
 # ---------------------------------------------------------------------------------------------
-def redraw_argv(table_dir: Path, out: Path) -> list[str]:
-    """The --plots-only command that redraws a results folder: its sweep's preset, model and seeds,
-    and the arms its table reports, in the table's order."""
+def redraw_commands(table_dir: Path, out: Path) -> dict[str, list[str]]:
+    """The --plots-only commands a user would type to redraw a results folder (`out` in place of the
+    --out it was made with): the plain one (its preset and model; its seeds where not the preset's),
+    the sweep's own recorded command, and the table's arms named in reverse order. All three must
+    redraw it byte for byte: a redraw keeps the committed table's arm order, whatever --arms says."""
     rows = compare.read_jsonl(table_dir / "compare.jsonl")
     config, arms = rows[0], [r["arm"] for r in rows if r.get("type") == "summary"]
-    return ["--plots-only", "--preset", config["preset"], "--model", config["model"], "--arms", *arms,
-            "--seeds", *map(str, config["seeds"]), "--out", str(out)]
+    plain = ["--plots-only", "--preset", config["preset"], "--model", config["model"], "--out", str(out)]
+    if config["seeds"] != compare.PRESETS[config["preset"]]["seeds"]:
+        plain += ["--seeds", *map(str, config["seeds"])]
+    argv = list(config["argv"])
+    argv[argv.index("--out") + 1:argv.index("--out") + 2] = [str(out)]  # every committed sweep names its --out
+    return {"plain": plain, "recorded": ["--plots-only", *argv], "arms reversed": plain + ["--arms", *arms[::-1]]}
 
 
 @pytest.mark.parametrize("folder", COMMITTED, ids=str)
 def test_plots_only_on_a_committed_results_folder_changes_no_byte(folder, tmp_path, monkeypatch, capsys):
-    assert COMMITTED, "no committed results/*/compare.jsonl found"
+    assert COMMITTED, "no committed results folder (runs.jsonl, compare.jsonl, table.md) found"
+    assert all((ROOT / folder / n).is_file() for n in RESULTS), f"{folder} lacks one of {RESULTS}"
     table_dir = tmp_path / folder
     shutil.copytree(ROOT / folder, table_dir, ignore=shutil.ignore_patterns("*.png"))
     committed = {n: (ROOT / folder / n).read_bytes() for n in RESULTS}
     monkeypatch.setattr(compare, "plot_comparison", lambda *a, **k: [])  # figures: see the docstring
-    compare.main(redraw_argv(table_dir, table_dir.parent))
-    assert {n: (table_dir / n).read_bytes() for n in RESULTS} == committed
-    assert f"runs.jsonl, compare.jsonl, table.md in {table_dir} byte-identical to before" in capsys.readouterr().out
+    for name, argv in redraw_commands(table_dir, table_dir.parent).items():
+        compare.main(argv)
+        assert {n: (table_dir / n).read_bytes() for n in RESULTS} == committed, name
+        assert f"runs.jsonl, compare.jsonl, table.md in {table_dir} byte-identical to before" in capsys.readouterr().out
     # a table that this code draws otherwise than the committed one is rewritten, and said so
     (table_dir / "table.md").write_bytes(committed["table.md"] + b"a line from older code\n")
-    compare.main(redraw_argv(table_dir, table_dir.parent))
+    compare.main(redraw_commands(table_dir, table_dir.parent)["plain"])
     assert f"redraw: table.md in {table_dir} changed" in capsys.readouterr().out
     assert (table_dir / "table.md").read_bytes() == committed["table.md"]
 

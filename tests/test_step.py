@@ -1,4 +1,4 @@
-"""Golden step: train.py's loop wires coba/allocate/verify/grpo exactly as method.md §3 says.
+"""Golden step: train.py's loop wires coba/allocate/verify/grpo exactly as docs/method-sources.md §3 says.
 
 The parts (coba.py, grpo.py, allocate.py, verify.py) have their own tests; this file tests the
 wiring. Rollouts are injected: `train.generate_groups` is replaced by `FixedRollouts`, whose
@@ -82,7 +82,7 @@ class FixedRollouts:
         return [-0.3 - 0.4 * (t % 4) for t in range(n)]
 
     def __call__(self, model, tokenizer, prompt_ids, budgets, *, max_new_tokens, logprobs_out=None, **kw):
-        self.calls.append({"budgets": list(budgets), "greedy": kw.get("greedy", False)})
+        self.calls.append({"budgets": list(budgets), "greedy": kw.get("greedy", False), "seed": kw.get("seed")})
         out = []
         for p, B in zip(prompt_ids, budgets):
             key = self.by_question.get(self.tok.decode(p, skip_special_tokens=True))
@@ -95,7 +95,7 @@ class FixedRollouts:
 
 
 # ----------------------------------------------------------------------------------------------
-# What a correct step does (method.md §3): the single source of truth for the checks below
+# What a correct step does (docs/method-sources.md §3): the single source of truth for the checks below
 # ----------------------------------------------------------------------------------------------
 def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: int, args,
                  rollouts: FixedRollouts, records: list[dict]) -> dict:
