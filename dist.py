@@ -252,6 +252,17 @@ def gather_rows(share: Share, *columns: list) -> list[list]:
     return [[x for g in groups for x in g[c]] for c in range(len(columns))]
 
 
+def over_ranks(roll) -> dict:
+    """A step's generation time and verifier counts over every rank (roll: train.StepRollouts, this
+    rank's), like the rest of its record (rank 0's own alone before issue 41). A collective: every
+    rank calls it. verify_timeouts and verify_errors are SUMMED: each rank verified only its own
+    rows, so the sum counts each rollout once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
+    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
+    parts = gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
+    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
+            "verify_errors": sum(p[2] for p in parts)}
+
+
 def all_reduce_grads(model: torch.nn.Module) -> None:
     """Sum every parameter's gradient over ranks, in one flat all-reduce (a rank with no rows in a
     mini-batch contributes zeros). Called once per optimizer step, before clipping: each rank's loss

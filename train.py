@@ -424,17 +424,6 @@ def spent_stats(got: StepBatch, rewards: torch.Tensor, stats: dict) -> dict:
             "step_rollouts": len(rewards), "step_groups": n_groups}
 
 
-def over_ranks(roll: StepRollouts) -> dict:
-    """The step's generation time and verifier counts over every rank, like the rest of its record
-    (rank 0's own alone before issue 41). A collective: every rank calls it. verify_timeouts and
-    verify_errors are SUMMED: each rank verified only its own rows, so the sum counts each rollout
-    once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
-    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
-    parts = dist.gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
-    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
-            "verify_errors": sum(p[2] for p in parts)}
-
-
 def rl_step(run: Run, step: int) -> dict:
     """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record. Steps 1-4
     are the paper's or an arm's (one call each): DAPO's refill, our --probe; MoPPS draws the prompts
@@ -486,7 +475,7 @@ def rl_step(run: Run, step: int) -> dict:
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
         "prompt_idx": roll.prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **got.share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
-        **over_ranks(roll), **got.extra, **metrics,
+        **dist.over_ranks(roll), **got.extra, **metrics,
     }
 
 

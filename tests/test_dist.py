@@ -275,7 +275,7 @@ def test_step_record_sums_verifier_counts_and_takes_the_slowest_generation(monke
     mine = train.StepRollouts(0, [], [], [], vstats=verify.VerifyStats(timeouts=1, errors=0), gen_seconds=1.25)
     other = (2.5, 3, 2)  # rank 1's (gen_seconds, timeouts, errors)
     monkeypatch.setattr(dist, "gather_object", lambda obj: [obj, other])
-    assert train.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
+    assert dist.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
 
 
 def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
