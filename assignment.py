@@ -8,7 +8,7 @@ paper (CoBA-RL, arXiv 2602.03048) and one training step of train.py:
     Part 2  GRPO on ragged groups            paper §2.1, App. C; DeepSeekMath grpo.py
     Part 3  the capability value             paper §2.3, eqs. 4-9             coba.py
     Part 4  Algorithm 1                      paper §2.4, App. A               allocate.py
-    Part 5  experiments + written answers    paper §3 (graded by hand)        compare.py, plots
+    Part 5  experiments + written answers    paper §3 (graded by hand)        compare.py, stats.py
 
 Commands:
     python assignment.py build [--out handout]      student version of the project + ASSIGNMENT.md
@@ -121,7 +121,7 @@ PARTS = (
                "TRL computes group means with `rewards.view(-1, num_generations)`, which assumes equal groups; "
                "here every group statistic is a scatter over `group_ids`. Then the clipped surrogate with DAPO's "
                "clip-higher and the k3 KL estimate, and the three ways to turn per-token losses into one number. "
-               "`per_token_logps` (the model side) is given.",
+               "`per_token_logps` (the model side) and `policy_update` (App. C's update around your loss) are given.",
          functions=(("grpo.py", "group_advantages",
                      "group-relative advantages on ragged groups, DeepSeekMath §4.1.2 (paper §2.1: group i has B_i rollouts)"),
                     ("grpo.py", "clipped_policy_loss",
@@ -503,7 +503,7 @@ def handout_text(solution: dict, repo: Path = REPO) -> str:
         One training step of `train.py` is: allocate B_i rollouts to each of M prompts (**Part 4**, from
         the value of **Part 3**) -> generate -> score each rollout (**Part 1**) -> update the pass rates and
         the failure rate -> GRPO advantages and loss on groups of unequal size (**Part 2**) -> optimizer step.
-        The wiring (`train.py`, `rollout.py`), the toy task and model (`toy.py`) and all tests are complete.
+        The wiring (`train.py`, `rollout.py`, `evaluate.py`), the toy task and model (`toy.py`) and all tests are complete.
         The functions you write raise `NotImplementedError("Part N: ...")` until you do. Some docstrings
         cite `docs/method-sources.md`, which says where each equation and default comes from (the paper,
         the authors' released code, or this project): what you need from it is in the docstrings and below.

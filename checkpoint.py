@@ -8,13 +8,16 @@ the counters), and this file makes each piece of that safe:
   - save_checkpoint writes checkpoint-<step> atomically (temporary directory, fsync, marker, rename),
     so a crash at any instant leaves a complete checkpoint, and keeps the previous one beside it; a
     full disk is one line; find_checkpoint finds the newest one;
-  - resume_checkpoint restores the newest checkpoint that loads, setting a damaged one aside;
+  - resume_checkpoint restores the newest checkpoint that loads, setting a damaged one aside, and
+    resume_every_rank does it under torchrun (rank 0 picks it, the other ranks load the same one);
+    finished_summary says whether --resume has anything left to do;
     check_resume_flags / check_identity refuse --resume with flags, data or model of another run
     (RESUME_MAY_CHANGE lists the flags that may differ);
   - read_log / truncate_log keep the JSONL log in step with the checkpoint on resume;
   - RunLock lets one run at a time use OUTPUT_DIR; prepare_run_dir settles fresh/--resume/--overwrite,
     and remove_run deletes an old run only once the new one's setup has succeeded;
-  - GracefulInterrupt turns the first Ctrl-C or SIGTERM into "finish this step, checkpoint, exit".
+  - GracefulInterrupt turns the first Ctrl-C or SIGTERM into "finish this step, checkpoint, exit";
+  - nonfinite finds a NaN/inf update before it can reach a checkpoint (train.stop_if_nonfinite stops).
 What a run deletes is only its own: `checkpoint-<digits>` and `checkpoint-<digits>.tmp` directories
 (OURS), and log.jsonl; never another name in OUTPUT_DIR, and never a checkpoint set aside as damaged.
 Tests: tests/test_reliability.py (a crash after every file operation of a save), tests/test_safety.py
@@ -22,8 +25,10 @@ Tests: tests/test_reliability.py (a crash after every file operation of a save),
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import math
 import os
 import random
 import re
@@ -70,7 +75,7 @@ RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress"
                      "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
                      "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "report_to", "log_completions",
                      "eval_samples", "shared_prompt_forward", "sampler_logps", "shared_prompt_prefill",
-                     "max_rollouts", "eval_every_rollouts")  # evaluation draws from its own RNG (train.run_eval): the steps are the same
+                     "max_rollouts", "eval_every_rollouts")  # evaluation draws from its own RNG (evaluate.run_eval): the steps are the same
 
 
 # Not flags: what setup measured of the data and the model (data.data_identity, models.model_identity),
@@ -260,6 +265,15 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
     return final
 
 
+def nonfinite(metrics: dict, model) -> list[str]:
+    """What went NaN or inf in this step's update: 'loss', 'grad_norm', 'weights' (empty: all finite).
+    Checked before the step can reach a checkpoint, so the last checkpoint saved stays finite."""
+    bad = [key for key in ("loss", "grad_norm") if key in metrics and not math.isfinite(metrics[key])]
+    if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
+        bad.append("weights")
+    return bad
+
+
 class DamagedCheckpoint(Exception):
     """A complete checkpoint whose files do not load (truncated, overwritten): resume falls back."""
 
@@ -333,6 +347,39 @@ def resume_checkpoint(out: Path, model, optimizer, scheduler, tracker, sampler) 
     listed = "; ".join(f"{p.name}: {why}" for p, why in damaged) or "none is complete"
     raise SystemExit(f"error: no checkpoint in {out} loads ({listed}): restore one, or pass --overwrite "
                      "to start again")
+
+
+def resume_every_rank(out: Path, model, optimizer, scheduler, tracker, sampler, steps: int) -> tuple[Path, int, dict]:
+    """--resume, in one process or under torchrun: the newest checkpoint that loads (resume_checkpoint:
+    a damaged one is set aside with a warning) restored on every rank. Rank 0 picks it and cuts the log
+    back to its step (keeping the summary of a run that had finished: steps = --steps); the other ranks
+    then load the same one. Returns (its path, step, counters)."""
+    path, step, counters = dist.on_rank0(resume_checkpoint, out, model, optimizer, scheduler, tracker, sampler)
+    if not dist.current().main:
+        load_checkpoint(path, model, optimizer, scheduler, tracker, sampler)
+    else:
+        truncate_log(out / "log.jsonl", step, keep_summary=step >= steps)
+    return path, step, counters
+
+
+def saved_config(path: Path | None) -> dict:
+    """The recorded flags and identities (run_config.json) of the checkpoint --resume continues; {} for
+    a fresh run, or when unreadable (resume_checkpoint then names the damage)."""
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads((path / "run_config.json").read_text())
+    return {}
+
+
+def finished_summary(out: Path, resume_from: Path | None, args) -> dict | None:
+    """The summary of a run that these flags would not extend: its newest checkpoint is its last step,
+    at --steps, or with its --max-rollouts spent (DAPO's arm ends on rollouts). None otherwise."""
+    step = checkpoint_step(resume_from) if resume_from is not None else None
+    summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
+    if step is None or summary is None or summary.get("step", step) != step:
+        return None
+    spent = args.max_rollouts is not None and summary.get("rollouts", 0) >= args.max_rollouts
+    return summary if step == args.steps or spent else None
 
 
 def check_resume_flags(saved: dict, args, path: Path) -> None:

@@ -1,7 +1,7 @@
 """The command line of train.py: its flags, the presets for the toy vs a real model, range checks,
 and the one-line errors for bad values.
 
-train.py reads like the paper (the loop, rl_step, policy_update, evaluate, the probe); everything
+train.py reads like the paper (the loop, rl_step, the arms, the probe); everything
 about turning argv into a checked argparse.Namespace lives here instead:
 
     build_parser, add_training_flags   every flag of train.py, with its default and help text
@@ -13,6 +13,9 @@ about turning argv into a checked argparse.Namespace lives here instead:
                                        one line that names the fix (`error: --x must be in ...`),
                                        before anything slow loads
     check_path_flags                   its first step: every flag naming a file or folder (paths.py)
+    check_launch                       what torchrun's processes refuse (one process only, for now),
+                                       and --fsdp without torchrun: train.main calls it after
+                                       resolve_args, before any process group or file
     progress_bars                      what --no-progress does to transformers' own bars
     closing_line, eval_table           what a run prints last: the start and end accuracies
                                        (avg@k first), and --eval-only's table
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +40,7 @@ import torch
 import allocate
 import checkpoint
 import coba
+import dist
 import paths
 import toy
 import tracking
@@ -420,6 +425,27 @@ def check_arm_flags(args: argparse.Namespace, ap: argparse.ArgumentParser) -> No
                      f"(--gen-batch-size {K} x {args.total_budget // M}): pass a multiple, so the run ends on a whole block")
     if args.eval_every_rollouts is not None:  # it replaces --eval-every, recorded so
         args.eval_every = 0
+
+
+def check_launch(args: argparse.Namespace) -> None:
+    """The refusals that depend on how train.py was launched (torchrun sets WORLD_SIZE), made by
+    train.main before any process group starts or any file is written: one line each (SystemExit)."""
+    if dist.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        # One process only, for now: --probe's and DAPO's extra generation rounds are not split by a
+        # Share; MoPPS and LoRA have no torchrun test yet (MoPPS's draws are seeded and its posteriors
+        # read the gathered rewards, but untested; LoRA's random A would also need rank 0's broadcast).
+        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only),
+                         ("--dynamic-sampling", args.dynamic_sampling), ("--use-peft", args.use_peft),
+                         ("--prompt-selection mopps", args.prompt_selection == "mopps"),
+                         ("--pass-rate-source oracle", args.pass_rate_source == "oracle")):
+            if on:
+                raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
+    if args.fsdp and not dist.launched_by_torchrun():
+        raise SystemExit("error: --fsdp shards the model over torchrun's processes: launch with "
+                         "torchrun --nproc_per_node N train.py ... --fsdp, or drop --fsdp")
+    if args.fsdp and int(os.environ.get("WORLD_SIZE", 1)) > args.prompts_per_step:
+        raise SystemExit(f"error: --fsdp needs a group on every rank: --prompts-per-step {args.prompts_per_step} is "
+                         f"fewer than the {os.environ['WORLD_SIZE']} processes; raise it or launch fewer")
 
 
 @contextlib.contextmanager

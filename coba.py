@@ -14,6 +14,7 @@ side, top to bottom in the paper's order:
     eq. 8   eta = 1 - exp(-(B/tau) p (1-p))      saturation
     eq. 9   V = eta * Density                    capability_value, capability_value_coeffs (App. A)
     --      Knapsack-RL and uniform values       knapsack_value, uniform_value, value_function
+    --      p_i with an in-step probe (ours)     probe_pass_rates, probe_knapsack_stats (--probe)
 
 Departures and choices (docs/method-sources.md is the reference for each):
   (1) alpha_min = 1, alpha_max = kappa - 1, lambda = kappa - 2 in eq. 7: the released code's values
@@ -458,3 +459,32 @@ class CapabilityTracker:
             for i, hist in self.visits.items():
                 for s, n in hist:
                     self._record_knapsack(i, [s / n] * int(n))
+
+
+# ----------------------------------------------------------------------------------------------
+# The in-step probe (ours, beyond the paper: --probe): the tracker's answer with this step's probe
+# ----------------------------------------------------------------------------------------------
+# The paper's allocator only knows a prompt's pass rate from an earlier visit (docs/method-sources.md
+# §3): the first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
+# escapes ("sticky zero", docs/calibration.md). With --probe every prompt first gets B_low rollouts in
+# the step (train.probe_then_allocate); the allocator then sees p_i pooled over those and the
+# earlier visits, and hands out the rest of the same B_total. Costs one extra generation round per
+# step, no extra rollouts.
+def probe_pass_rates(tracker: CapabilityTracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
+    """(M,) p_i = (successes of the last visits + probe successes) / (their rollouts + B_low).
+
+    Pooling (our choice) keeps the estimate from resting on B_low = 2 samples alone; the last
+    visits are the tracker's window (--failure-window), the probe rows come from this step."""
+    rates = []
+    for i, s in zip(prompt_idx, probe_successes):
+        hist = tracker.visits.get(int(i), ())
+        rates.append((sum(h[0] for h in hist) + float(s)) / (sum(h[1] for h in hist) + probe_budget))
+    return np.array(rates, dtype=float)
+
+
+def probe_knapsack_stats(tracker: CapabilityTracker, prompt_idx, probe_rewards: list[float], probe_budget: int):
+    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the tracker's
+    own rule (CapabilityTracker.knapsack_after) with each prompt's B_low probe rewards."""
+    after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
+             for k, i in enumerate(prompt_idx)]
+    return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)

@@ -28,11 +28,13 @@ Design (issue 12), so that a difference, if there is one, can be seen:
   every arm the same initial model, the same prompt order and the same held-out set, so arm -
   uniform is compared seed by seed (paired t, 95% CI) and the seed-to-seed noise cancels. The
   table also states the smallest difference the design could detect (80% power, alpha = .05).
+  The statistics and the table are stats.py's (compare_arms, markdown_table).
 - Resumable: each run lives in OUT/runs/<arm>-seed<s> (its output in train.out); a finished run is
   reused only if its recorded train.py flags are the ones this sweep gives it (else a one-line
   error: another --out, or --redo-mismatched), an interrupted one continues with train.py --resume.
   Ctrl-C or SIGTERM starts no more runs and passes SIGINT to the running ones (they checkpoint and
-  exit); a failed run is reported at once with its output's tail and stops the queue the same way.
+  exit); a failed run is reported at once with its output's tail and stops the queue the same way
+  (sweep.py runs the processes).
   Per-run summaries go to PRESET/runs.jsonl as runs finish, so partial results survive a stop.
 - Results files are replaced whole (temp file + rename) and never by fewer runs than they hold:
   runs.jsonl only gains or updates runs; a table that would drop runs is refused. runs.jsonl is
@@ -48,8 +50,8 @@ divided by its span); rollouts to first reach uniform's mean final value, and it
 uniform's on the same seed (geometric mean, CI on the log ratio; "n/a" where uniform starts at or
 above its final value). A last column says over how many prompts each step's gradient is spread
 (signal_prompts: the effective number of groups with non-zero advantage). The footer states the standard
-error of one evaluation over the held-out set (avg@k: std of the per-problem means / sqrt(n), as
-train.py logs it). Runs without avg@k (the greedy-only results of issue 12) are tabled on greedy
+error of one evaluation over the held-out set (stats.evaluation_noise: avg@k's as evaluate.py logs it).
+Runs without avg@k (the greedy-only results of issue 12) are tabled on greedy
 accuracy, with a note. Evaluation every 25 steps: avg@8 on 1,024 problems costs ~14 s an evaluation
 here, against ~2.3 s a training step (measured; see PRESETS). `--model NAME` runs every arm on
 another starting model (runs in OUT/model-NAME/runs, tables in OUT/PRESET-NAME); `--preset full`
@@ -61,16 +63,12 @@ plots.py, which also draws each run's own figures).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import json
-import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -78,6 +76,9 @@ import numpy as np
 
 import paths
 from plots import budget_by_pass_rate, plot_comparison
+from stats import (auc, compare_arms, evaluation_noise, markdown_table, oracle_stats,  # paired t, CIs, power,
+                   signal_prompts, t_quantile)  # per-run statistics and the table
+from sweep import run_queue, sigint_when_parent_dies  # train.py processes, N at a time, stopped cleanly
 
 REPO = Path(__file__).resolve().parent
 
@@ -171,20 +172,6 @@ PRESETS = {
 }
 QUICK_FLAGS = ["--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32",
                "--eval-size", "32", "--max-budget", "12"]
-
-# Student t quantiles t_{q, df} for df = 1..30 (q = .975: two-sided 95% CI; q = .80: 80% power).
-# A table, not scipy: the experiment needs nothing beyond numpy. Beyond df 30 the normal values.
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042]
-T80 = [1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870,
-       0.868, 0.866, 0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856,
-       0.855, 0.855, 0.854, 0.854]
-
-
-def t_quantile(table: list[float], df: int, normal: float) -> float:
-    return table[df - 1] if df <= len(table) else normal
-
 
 # ----------------------------------------------------------------------------------------------
 # Runs: one train.py subprocess each (isolated RNG, one torch thread), resumable
@@ -335,20 +322,6 @@ def stored_runs(jobs, out: Path, extra: list[str], store: dict, old_config: dict
     return found
 
 
-def sigint_when_parent_dies(parent: int) -> None:
-    """In the child, before train.py starts (Linux): ask the kernel for a SIGINT when compare.py
-    dies, even by kill -9, when it can pass nothing on. train.py takes that SIGINT as Ctrl-C
-    (finish the step, checkpoint, exit 130), so no orphan trains on unseen and holds its run
-    directory's lock against the next `compare.py`, which resumes it. prctl(PR_SET_PDEATHSIG = 1);
-    elsewhere a no-op. If compare.py died before this line ran, the signal is sent here at once."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)
-    except (OSError, AttributeError):  # not Linux: no parent-death signal
-        return
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGINT)
-
-
 def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> subprocess.Popen:
     """Start train.py for one run in its own session (so a terminal's Ctrl-C reaches compare.py
     only, which passes it on once), told to stop if compare.py dies (sigint_when_parent_dies).
@@ -368,87 +341,6 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
     with (run_dir / "train.out").open("ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=functools.partial(sigint_when_parent_dies, os.getpid()))
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    text = path.read_text(errors="replace") if path.exists() else "(no output)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-class Stopper:
-    """SIGINT (Ctrl-C) or SIGTERM while runs go: launch no more; pass SIGINT on to every running
-    train.py (its first SIGINT: finish the step, checkpoint, exit; a second: stop at once). A failed
-    run does the same. Handlers are installed only in the main thread (signal's rule)."""
-
-    def __init__(self):
-        self.running: dict = {}  # Popen -> (arm, seed)
-        self.signals, self.reason = 0, None
-
-    def __enter__(self):
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def _handler(self, signum, frame):
-        self.signals += 1
-        name = signal.Signals(signum).name
-        print(f"\n{name}: starting no more runs; asking the {len(self.running)} running to checkpoint and stop"
-              + (" (again: they stop at once)" if self.signals > 1 else " (again: stop them at once)"),
-              file=sys.stderr, flush=True)
-        self.stop(name)
-
-    def stop(self, reason: str):
-        self.reason = self.reason or reason
-        for proc in self.running:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-
-    def __exit__(self, *exc):
-        for s, old in self._old.items():
-            signal.signal(s, old)
-
-
-def run_queue(todo: list, out: Path, extra: list[str], parallel: int, redo: set, on_finished) -> None:
-    """Run the (arm, seed) jobs, `parallel` at a time; on_finished(arm, seed) as each one finishes.
-    A failed run is reported at once with its output's tail, and stops the queue: no new run starts
-    and the running ones are asked to checkpoint and stop. Ctrl-C / SIGTERM likewise. Either way
-    this ends with SystemExit (non-zero) and how to resume; nothing a run wrote is lost."""
-    pending, failed, stopped = list(todo), [], []
-    with Stopper() as stopper:
-        while stopper.running or (pending and stopper.reason is None):
-            while pending and len(stopper.running) < parallel and stopper.reason is None:
-                arm, seed = pending.pop(0)
-                stopper.running[launch(arm, seed, out, extra, fresh=(arm, seed) in redo)] = (arm, seed)
-            time.sleep(0.05)
-            for proc, (arm, seed) in list(stopper.running.items()):
-                if proc.poll() is None:
-                    continue
-                del stopper.running[proc]
-                run_dir = run_dir_for(out, arm, seed)
-                if is_finished(run_dir):
-                    on_finished(arm, seed)
-                elif stopper.reason is not None:
-                    stopped.append((arm, seed))
-                else:
-                    failed.append((arm, seed, proc.returncode))
-                    print(f"\nrun {arm} seed {seed} failed (exit {proc.returncode}); the end of "
-                          f"{run_dir / 'train.out'}:\n{tail(run_dir / 'train.out')}\n", file=sys.stderr, flush=True)
-                    stopper.stop("failure")
-    left = f"{len(stopped)} stopped at their last checkpoint, {len(pending)} not started"
-    if failed:
-        arm, seed, code = failed[0]
-        print(f"error: run {arm} seed {seed} failed (exit {code}; output above and in "
-              f"{run_dir_for(out, arm, seed) / 'train.out'}); {left}: fix the cause and run the same "
-              "command again (finished runs are reused, stopped ones resume)", file=sys.stderr)
-        raise SystemExit(1)
-    if stopper.reason is not None:
-        print(f"interrupted ({stopper.reason}): {left}; run the same command again to resume "
-              "(finished runs are reused, stopped ones continue with --resume)", file=sys.stderr)
-        raise SystemExit(130)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -517,27 +409,13 @@ def _pairs(keys) -> str:
 # ----------------------------------------------------------------------------------------------
 # Per-run metrics
 # ----------------------------------------------------------------------------------------------
-def curve(log: list[dict], key: str = "heldout_acc") -> tuple[np.ndarray, np.ndarray]:
-    """(rollouts, held-out metric `key`) at each evaluation."""
-    evals = [r for r in log if r["type"] == "eval"]
-    return np.array([r["rollouts"] for r in evals], float), np.array([r[key] for r in evals], float)
-
-
-def auc(x: np.ndarray, y: np.ndarray) -> float:
-    """Average accuracy over training: trapezoid area under acc(rollouts) divided by the span."""
-    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0])) if len(x) > 1 else float(y[-1])
-
-
-def rollouts_to_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | None:
-    hit = np.nonzero(y >= target - 1e-12)[0]
-    return float(x[hit[0]]) if len(hit) else None
-
-
 def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     """One run's numbers for runs.jsonl (enough to redo every table and plot). The primary metric
     ("metric") is held-out avg@k (k samples at T = 1.0, top-p 0.9: the paper's avg@16, ours k = 8)
     when the run logged it, else greedy accuracy; "acc", "final_acc", "auc" are the primary's.
     Greedy accuracy and pass@k ride along as secondary metrics."""
+    from evaluate import curve, hardest_level  # the eval records, read back (torch comes with it: runs exist)
+
     config = next((r for r in log if r["type"] == "config"), {})
     evals = [r for r in log if r["type"] == "eval"]
     k = int(config.get("eval_samples") or 0)
@@ -575,49 +453,6 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     }
 
 
-def hardest_level(evals: list[dict], metric: str) -> dict:
-    """The held-out set's hardest level (issue 42: the paper's gains are largest on its hardest
-    benchmarks): its level, problem count, the primary metric's curve and final value. The levels are
-    the lab's (toy-reason: level L has L + 2 addends); {} for logs without per-level records."""
-    levels = [r.get("heldout_by_level") for r in evals]
-    if not levels or None in levels:
-        return {}
-    hard = max(levels[0], key=int)
-    curve_ = [lv[hard][metric] for lv in levels]
-    return {"hard_level": int(hard), "hard_n": levels[0][hard]["n"], "hard": curve_, "final_hard": float(curve_[-1])}
-
-
-def oracle_stats(train: list[dict]) -> dict:
-    """--pass-rate-source oracle (issue 42): the oracle's rollouts (not trained on, not counted) and how far
-    the tracker's estimate (the last visit's, what coba allocates on) was from the oracle's current pass
-    rate: mean |p_stale - p_oracle| over the prompts seen before. {} for other arms."""
-    if not train or "oracle_rollouts" not in train[0]:
-        return {}
-    errors = [abs(a - b) for r in train for a, b in zip(r["stale_pass_rates"], r["pass_rates"]) if a is not None]
-    return {"oracle_rollouts": sum(r["oracle_rollouts"] for r in train),
-            "oracle_seconds": round(sum(r["oracle_seconds"] for r in train), 1),
-            "stale_error": float(np.mean(errors)) if errors else None}
-
-
-def signal_prompts(train: list[dict]) -> float | None:
-    """How many prompts the gradient is spread over, per step, averaged over steps: the effective
-    number (inverse Simpson index) of the groups that carry signal (0 < group reward < 1; the
-    others have zero advantage), each weighted by its rollouts B_i,
-        n_eff = (sum_i B_i)^2 / sum_i B_i^2   over those groups.
-    Why rollouts: with token-mean aggregation (grpo.aggregate_loss) a prompt's share of the loss
-    grows with its B_i, so 4 groups of 32 weigh like 4 prompts, 16 groups of 8 like 16. Uniform
-    GRPO's n_eff is just its number of signal groups; an allocator that concentrates the budget
-    buys more signal rollouts on fewer prompts. None for logs without group rewards."""
-    per_step = []
-    for r in train:
-        if "group_reward" not in r:
-            return None
-        B, g = np.array(r["budgets"], float), np.array(r["group_reward"], float)
-        sig = B[(g > 0) & (g < 1)]
-        per_step.append(sig.sum() ** 2 / (sig ** 2).sum() if len(sig) else 0.0)
-    return float(np.mean(per_step)) if per_step else None
-
-
 def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
     """The runs as one table sees them: (runs, primary metric, note). All runs share the primary
     metric, or all fall back to greedy accuracy (runs made without --eval-samples, such as the
@@ -638,164 +473,8 @@ def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Paired statistics: arm - uniform on the same seed
+# The table's footer (the table: stats.markdown_table; the figures: plots.py:plot_comparison)
 # ----------------------------------------------------------------------------------------------
-def paired_t(diffs) -> dict:
-    """Mean of paired differences with a two-sided 95% t interval (n - 1 degrees of freedom)."""
-    d = np.asarray(diffs, float)
-    n, mean = len(d), float(np.mean(d)) if len(d) else float("nan")
-    if n < 2:
-        return {"n": n, "mean": mean, "lo": float("nan"), "hi": float("nan"), "sd": float("nan")}
-    sd = float(np.std(d, ddof=1))
-    half = t_quantile(T975, n - 1, 1.960) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half, "sd": sd}
-
-
-def min_detectable(sd: float, n: int) -> float:
-    """Smallest true paired difference found with 80% power by a two-sided 5% paired t test:
-    (t_.975 + t_.80) * sd / sqrt(n), sd = the standard deviation of the paired differences."""
-    if n < 2 or not math.isfinite(sd):
-        return float("nan")
-    return (t_quantile(T975, n - 1, 1.960) + t_quantile(T80, n - 1, 0.842)) * sd / math.sqrt(n)
-
-
-SECONDARY = ("final_greedy", "final_pass", "final_hard")  # per-run keys of the secondary metrics
-
-
-def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict], list[dict]]:
-    """Per arm: means over seeds; vs the baseline (paired by seed): differences with 95% CIs and
-    the rollouts ratio to reach the baseline's mean final accuracy."""
-    by = {}
-    for r in runs:
-        by.setdefault(r["arm"], {})[r["seed"]] = r
-    base = by.get(baseline, {})
-    # secondary metrics (greedy accuracy, pass@k beside a primary avg@k; also paired against the
-    # baseline below) and signal_prompts (described only): where every run has them
-    optional = [key for key in (*SECONDARY, "signal_prompts") if runs and all(r.get(key) is not None for r in runs)]
-    secondary = [key for key in optional if key in SECONDARY]
-    target = float(np.mean([r["final_acc"] for r in base.values()])) if base else float("nan")
-    summary, diffs = [], []
-    for arm, seeds in by.items():
-        mine = list(seeds.values())
-        row = {"type": "summary", "arm": arm, "seeds": sorted(seeds), "target_acc": target}
-        for key in ("final_acc", "auc", "zero_signal_group_share", "zero_signal_rollout_share", "train_seconds",
-                    "prompts_at_min_budget"):
-            vals = np.array([r[key] for r in mine], float)
-            row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
-        # a runs.jsonl from before issue 36 has no "updates": one alpha_t per update (None: unknown)
-        updates = [r.get("updates", len(r.get("alpha_t") or []) or None) for r in mine]
-        if None not in updates:
-            row["updates_mean"] = float(np.mean(updates))
-            row["blocks_mean"] = float(np.mean([r.get("blocks", u) for r, u in zip(mine, updates)]))
-        if all("total_rollouts" in r for r in mine):
-            row["total_rollouts_mean"] = float(np.mean([r["total_rollouts"] for r in mine]))
-        for key in optional:
-            vals = np.array([r[key] for r in mine], float)
-            row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
-        reach = [rollouts_to_reach(np.array(r["rollouts"]), np.array(r["acc"]), target) for r in mine]
-        got = [v for v in reach if v is not None]
-        row["reached"], row["rollouts_to_target_mean"] = f"{len(got)}/{len(mine)}", (
-            float(np.mean(got)) if got else None)
-        summary.append(row)
-        if arm == baseline:
-            continue
-        common = sorted(set(seeds) & set(base))
-        d = {"type": "paired", "arm": arm, "baseline": baseline, "seeds": common}
-        for key in ("final_acc", "auc"):
-            res = paired_t([seeds[s][key] - base[s][key] for s in common])
-            d[key] = res
-            d[f"{key}_min_detectable"] = min_detectable(res["sd"], res["n"])
-        for key in secondary:
-            d[key] = paired_t([seeds[s][key] - base[s][key] for s in common])
-        # rollouts-to-target ratio, seed by seed; a run that never reaches the target has ratio inf.
-        # A seed whose baseline is already at the target at its first evaluation says nothing about
-        # speed (a model that loses accuracy in training starts above its own final value): counted
-        # apart as "at_start" instead of a ratio of 1 that reads like "as fast as uniform".
-        ratios, at_start = [], 0
-        for s in common:
-            a = rollouts_to_reach(np.array(seeds[s]["rollouts"]), np.array(seeds[s]["acc"]), target)
-            b = rollouts_to_reach(np.array(base[s]["rollouts"]), np.array(base[s]["acc"]), target)
-            if b is not None and b <= base[s]["rollouts"][0]:
-                at_start += 1
-            elif b is not None:
-                ratios.append(math.inf if a is None else max(a, 1.0) / max(b, 1.0))
-        if not ratios and at_start:
-            d["rollout_ratio"] = {"n": 0, "geo_mean": None, "lo": None, "hi": None, "at_start": at_start}
-        elif ratios and all(math.isfinite(r) for r in ratios):
-            res = paired_t(np.log(ratios))
-            d["rollout_ratio"] = {"n": res["n"], "geo_mean": math.exp(res["mean"]),
-                                  "lo": math.exp(res["lo"]) if math.isfinite(res["lo"]) else None,
-                                  "hi": math.exp(res["hi"]) if math.isfinite(res["hi"]) else None}
-        else:
-            d["rollout_ratio"] = {"n": len(ratios), "geo_mean": None, "lo": None, "hi": None,
-                                  "never": sum(not math.isfinite(r) for r in ratios)}
-        diffs.append(d)
-    # How long each arm ran (updates, generation blocks, rollouts) is recorded only where the arms
-    # differ in it (a DAPO arm): a sweep of equal-length arms keeps the summary rows it had before
-    # issue 36, so its redraw changes no committed byte (issue 32).
-    lengths = ("updates_mean", "blocks_mean", "total_rollouts_mean")
-    if len({tuple(s.get(k) for k in lengths) for s in summary}) <= 1:
-        for s in summary:
-            for k in lengths:
-                s.pop(k, None)
-    return summary, diffs
-
-
-# ----------------------------------------------------------------------------------------------
-# Tables (the figures: plots.py:plot_comparison)
-# ----------------------------------------------------------------------------------------------
-def _ci(d: dict) -> str:
-    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d["n"] > 1 else f"{d['mean']:+.3f}"
-
-
-def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy", pass_k: int | None = None,
-                   footer: list[str] = (), hard_label: str = "", baseline: str = "uniform") -> str:
-    """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
-    rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform): greedy
-    accuracy, pass@k, and the primary metric on the held-out set's hardest level (issue 42)."""
-    name = "greedy acc" if metric == "greedy" else metric
-    diff = {d["arm"]: d for d in diffs}
-    extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"),
-                                             ("final_hard", f"{name}, hardest level{hard_label}"))
-             if summary and f"{key}_mean" in summary[0]]
-    show_signal = bool(summary) and "signal_prompts_mean" in summary[0]  # see signal_prompts()
-    # equal rollouts, not equal steps: where arms made different numbers of updates (DAPO), a column says so
-    show_updates = len({s.get("updates_mean") for s in summary}) > 1
-    lines = [f"| arm | final {name} | AUC ({name}) | final {name} - {baseline} [95% CI] | AUC - {baseline} [95% CI] "
-             f"| rollouts to {baseline}'s final {name}, ratio [95% CI] | "
-             + "".join(f"final {label} (- {baseline} [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
-             + (" prompts carrying signal per step (effective) |" if show_signal else "")
-             + (" updates (same rollouts) |" if show_updates else ""),
-             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")
-             + ("---|" if show_updates else "")]
-    for s in summary:
-        d = diff.get(s["arm"])
-        if d is None:
-            cells = ["(baseline)", "(baseline)", f"1 ({s['reached']} seeds reach {s['target_acc']:.3f})"]
-            cells += [f"{s[f'{key}_mean']:.3f} (baseline)" for key, _ in extra]
-        else:
-            r = d["rollout_ratio"]
-            ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
-                     if r["geo_mean"] is not None else
-                     f"n/a: {baseline} starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
-                     else f"never on {r.get('never', '?')}/{r['n']} seeds")
-            cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
-            cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
-        lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
-                     f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | " + " | ".join(cells)
-                     + f" | {s['zero_signal_rollout_share_mean']:.2f} |"
-                     + (f" {s['signal_prompts_mean']:.1f} |" if show_signal else "")
-                     + (f" {s['updates_mean']:.1f} |" if show_updates else ""))
-    mdes = [d["final_acc_min_detectable"] for d in diffs if math.isfinite(d["final_acc_min_detectable"])]
-    if mdes:
-        lines.append(f"\nSmallest detectable difference in final {name} (80% power, paired t, "
-                     f"n = {diffs[0]['final_acc']['n']} seeds): {min(mdes):.3f} to {max(mdes):.3f} "
-                     f"(AUC: {min(d['auc_min_detectable'] for d in diffs):.3f} to "
-                     f"{max(d['auc_min_detectable'] for d in diffs):.3f}).")
-    lines += [("\n" if i == 0 else "") + f for i, f in enumerate(footer)]
-    return "\n".join(lines)
-
-
 def arm_notes(summary: list[dict]) -> list[str]:
     """Footer lines for the comparison arms (issue 36): which arms end on rollouts after fewer
     updates (DAPO), and which do not share the seed's prompt order (MoPPS draws its own)."""
@@ -831,35 +510,6 @@ def oracle_notes(runs: list[dict]) -> list[str]:
                      + (f"the last visit's p_i, which coba allocates on, was off the oracle's by {np.mean(err):.3f} on "
                         "average (mean |p_stale - p_oracle| over the prompts seen before)." if err else
                         "no prompt had been seen before, so there is no stale estimate to hold against it."))
-    return lines
-
-
-def evaluation_noise(runs: list[dict], metric: str, n: int | None) -> list[str]:
-    """Footer lines: the standard error of one evaluation over the held-out set. avg@k: the std of
-    the per-problem means / sqrt(n), as train.py logs it (`heldout_avg@k_se`); without that log only
-    bounds are known: between p(1-p)/(k n) (every problem equally hard) and p(1-p)/n (each problem
-    always or never solved). Greedy: exactly sqrt(p(1-p)/n), each problem being 0 or 1."""
-    if not runs or not n:
-        return []
-    lines = []
-    if metric != "greedy":
-        k = int(metric.split("@")[1])
-        ses = [v for r in runs for v in (r.get("avg_se") or []) if v is not None]
-        p = float(np.mean([r["final_acc"] for r in runs]))
-        if ses and all(r.get("avg_se") and None not in r["avg_se"] for r in runs):
-            lines.append(f"Standard error of one {metric} evaluation over the n = {n} held-out problems (std of "
-                         f"the per-problem means / sqrt(n), measured at every evaluation of every run): "
-                         f"{min(ses):.4f} to {max(ses):.4f}, median {float(np.median(ses)):.4f}.")
-        else:
-            lines.append(f"Standard error of one {metric} evaluation over the n = {n} held-out problems: not "
-                         f"logged by these runs; at the mean final {metric} p = {p:.3f} it lies between "
-                         f"sqrt(p(1-p)/({k}n)) = {math.sqrt(p * (1 - p) / (k * n)):.4f} (no between-problem "
-                         f"variance) and sqrt(p(1-p)/n) = {math.sqrt(p * (1 - p) / n):.4f}.")
-    key = "final_acc" if metric == "greedy" else "final_greedy"
-    if all(r.get(key) is not None for r in runs):
-        g = float(np.mean([r[key] for r in runs]))
-        lines.append(f"Standard error of one greedy evaluation (n = {n}, each problem 0 or 1): "
-                     f"sqrt(p(1-p)/n) = {math.sqrt(g * (1 - g) / n):.4f} at p = {g:.3f}.")
     return lines
 
 
@@ -1012,7 +662,8 @@ def main(argv: list[str] | None = None) -> dict:
             prepare_model(args)
             print(f"compare {args.preset}: {len(jobs) - len(todo)} of {len(jobs)} runs finished already; "
                   f"training {len(todo)}, {args.jobs} at a time (Ctrl-C: checkpoint and stop)", flush=True)
-            run_queue(todo, out, extra, args.jobs, set(bad), on_finished)
+            run_queue(todo, lambda arm, seed: launch(arm, seed, out, extra, fresh=(arm, seed) in bad),
+                      lambda arm, seed: run_dir_for(out, arm, seed), is_finished, args.jobs, on_finished)
     wall = time.time() - t0
     if args.plots_only:  # keep the sweep's own wall time and flags: a redraw trains nothing
         wall = old_config.get("wall_seconds", 0.0)
@@ -1041,7 +692,7 @@ def main(argv: list[str] | None = None) -> dict:
         config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))
-    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(T975, df, 1.960), metric, baseline)  # plots.py draws
+    plots = plot_comparison(table_dir, runs, lambda df: t_quantile(0.975, df), metric, baseline)  # plots.py draws
     footer = (evaluation_noise(runs, metric, heldout_size(runs, config["train_flags"])) + ([note] if note else [])
               + arm_notes(summary) + oracle_notes(runs))
     pass_k = next((r["pass_k"] for r in runs if r.get("pass_k")), None)

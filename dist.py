@@ -11,7 +11,7 @@ What stays global and what is split (CoBA-RL, arXiv 2602.03048, docs/method-sour
     (`balanced_partition`: Knapsack-RL's verl fork balances its batch the same way, arXiv 2509.25849).
     A group is never split, so its advantage (a z-score within the group) needs nothing from another rank.
   - Each rank generates only its groups; their rewards and completion lengths (small) are gathered
-    (`gather_groups`), so the tracker, the advantages, the token-mean normaliser and the log see the
+    (`gather_rows`), so the tracker, the advantages, the token-mean normaliser and the log see the
     whole step on every rank, exactly as one process would.
   - Gradients: each rank backpropagates its rows with the loss normalised by the GLOBAL token count of
     the mini-batch, then `all_reduce_grads` SUMS them, so the summed gradient is one process's.
@@ -176,6 +176,27 @@ class Share:
         return {"rank_rollouts": per_rank, "rank_imbalance": spread}
 
 
+def micro_batches(global_chunk: torch.Tensor, rows: torch.Tensor, N: int, size: int, sharded: bool = False,
+                  by_prompt: bool = False):
+    """This rank's micro-batches of one global mini-batch, as (positions in this rank's batch, pad).
+
+    global_chunk: the mini-batch, indices into the step's N rows; rows: Share.rows(), this rank's
+    rows among them (one process: all N). Each micro-batch holds up to `size` of this rank's rows of
+    the mini-batch, in the mini-batch's order (by_prompt: sorted, so that a prompt's rows, adjacent in
+    the prompt-major batch, share micro-batches). --fsdp (sharded): every rank runs as many
+    micro-batches as the busiest one (rule 2); the extra ones are pads, pad = True: a row of this
+    rank to run forward and backward with weight 0, so they add exact zeros."""
+    chunk = local_rows(global_chunk, rows, N)
+    if by_prompt:
+        chunk = chunk.sort().values
+    n_micro = -(-len(chunk) // size)
+    if sharded:
+        n_micro = max_over_ranks(n_micro)
+    for s in range(0, n_micro * size, size):
+        pad = s >= len(chunk)
+        yield (chunk[s:s + size] if not pad else torch.arange(min(1, len(rows)))), pad
+
+
 def local_rows(global_chunk: torch.Tensor, rows: torch.Tensor, N: int) -> torch.Tensor:
     """Positions in this rank's batch of the rows of a global mini-batch, in the mini-batch's order.
     global_chunk: indices into the N rows; rows: Share.rows(). One process: global_chunk itself."""
@@ -216,6 +237,30 @@ def gather_groups(owned: list[list[int]], local: list) -> list:
         for i, v in zip(positions, values):
             out[i] = v
     return out
+
+
+def gather_rows(share: Share, *columns: list) -> list[list]:
+    """Per-row values of this rank's rows (its groups, prompt-major: rewards, completion lengths, ...)
+    -> each column over the step's N rows of every rank, prompt-major, on every rank (one gather for
+    all columns). The same lists as one process computes them (its rows are all N)."""
+    own, at = [], 0
+    for i in share.owned[share.rank]:  # per own group: its slice of each column
+        B = share.budgets[i]
+        own.append(tuple(column[at:at + B] for column in columns))
+        at += B
+    groups = gather_groups(share.owned, own)  # (M,) in prompt order, every rank's groups
+    return [[x for g in groups for x in g[c]] for c in range(len(columns))]
+
+
+def over_ranks(roll) -> dict:
+    """A step's generation time and verifier counts over every rank (roll: train.StepRollouts, this
+    rank's), like the rest of its record (rank 0's own alone before issue 41). A collective: every
+    rank calls it. verify_timeouts and verify_errors are SUMMED: each rank verified only its own
+    rows, so the sum counts each rollout once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
+    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
+    parts = gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
+    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
+            "verify_errors": sum(p[2] for p in parts)}
 
 
 def all_reduce_grads(model: torch.nn.Module) -> None:

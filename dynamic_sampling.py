@@ -13,6 +13,12 @@ what compare.py's equal-rollouts axis charges it (docs/arms.md).
     has_signal        verl's rule: std of the group's rewards > 0, or a group of one rollout
     dynamic_sample    the refill loop over blocks, with the block limit; pure (a callback makes
                       each block), so tests drive it with scripted rewards
+    dapo_rollouts     one update of train.py's arm: the refill over blocks that train.py samples
+                      (a callback), the block limit also the blocks --max-rollouts has left
+                      (departure 2), each group carrying its rows
+    DynamicBatch      what one update produced, all train.py's rl_step needs of it: the kept groups
+                      (the batch: `kept_rows`), every generated group as a visit for the tracker and
+                      MoPPS (`visits`), the rollouts spent, and the log's accounting (`accounting`)
 
 Departures (docs/arms.md):
 (1) The block limit (`--max-num-gen-batches`, verl's `max_num_gen_batches`, DAPO recipe 10; 0 or
@@ -55,6 +61,7 @@ class DynamicBatch:
     blocks: int = 0  # generation blocks of K prompts x G rollouts this update used
     surplus_groups: int = 0  # groups with signal kept beyond M and dropped (verl: batch[:M * G])
     partial: bool = False  # the block limit came first: fewer than M groups kept (departure 1)
+    gen_seconds: float = 0.0  # generation time of every block (dapo_rollouts)
 
     @property
     def rollouts(self) -> int:
@@ -68,6 +75,39 @@ class DynamicBatch:
     @property
     def zero_signal_rollouts(self) -> int:
         return sum(len(g.rewards) for g in self.generated if not has_signal(g.rewards))
+
+    @property
+    def spent_rewards(self) -> list[float]:
+        """Every generated rollout's reward, in generation order (the log's reward and reward_std)."""
+        return [r for g in self.generated for r in g.rewards]
+
+    def kept_rows(self) -> dict:
+        """The batch as the update reads it, from the kept groups' payloads (dapo_rollouts'): per
+        group its prompt, tokens, answer, text and size; per row (prompt-major) its completion,
+        reward and sampler log-probs."""
+        kept = self.kept
+        return {"prompt_idx": [g.prompt for g in kept], "prompt_tok_m": [g.payload[0] for g in kept],
+                "answers_m": [g.payload[1] for g in kept], "prompts": [g.payload[2] for g in kept],
+                "budgets": [len(g.rewards) for g in kept], "completion_ids": [c for g in kept for c in g.payload[3]],
+                "rewards": [r for g in kept for r in g.rewards], "lp_rows": [lp for g in kept for lp in g.payload[4]]}
+
+    def visits(self) -> tuple[list[int], list[float], list[int], list[list[float]]]:
+        """Every generated group as one visit of its prompt, in generation order, the dropped ones
+        too (each was a real outcome of the policy): (prompts, successes, rollouts, rewards), what
+        the tracker's update and MoPPS's posteriors record."""
+        g = self.generated
+        return ([x.prompt for x in g], [float(sum(x.rewards)) for x in g], [len(x.rewards) for x in g],
+                [list(x.rewards) for x in g])
+
+    def accounting(self) -> dict:
+        """The log's counts over every rollout this update spent (the dropped groups' included, as
+        compare.py's equal-rollouts axis charges them), then DAPO's own: blocks, kept and surplus
+        groups, and whether the block limit came first (departure 1)."""
+        return {"frac_reward_zero_std": self.zero_signal_groups / len(self.generated),
+                "zero_signal_groups": self.zero_signal_groups, "zero_signal_rollouts": self.zero_signal_rollouts,
+                "step_rollouts": self.rollouts, "step_groups": len(self.generated), "dapo_blocks": self.blocks,
+                "dapo_kept_groups": len(self.kept), "dapo_surplus_groups": self.surplus_groups,
+                "dapo_partial": self.partial}
 
 
 def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks: int | None) -> DynamicBatch:
@@ -90,4 +130,34 @@ def dynamic_sample(next_block: Callable[[int], list[Group]], M: int, max_blocks:
         with_signal += [g for g in block if has_signal(g.rewards)]
     out.kept, out.surplus_groups = with_signal[:M], max(0, len(with_signal) - M)
     out.partial = len(out.kept) < M
+    return out
+
+
+
+def dapo_rollouts(sample_block: Callable[[int], tuple], M: int, budgets: list[int], max_blocks: int,
+                  rollouts_left: int | None = None) -> DynamicBatch:
+    """One update of train.py's DAPO arm: dynamic_sample until M groups carry signal, over blocks of K
+    prompts with `budgets` (K of them, G each), at most `max_blocks` (--max-num-gen-batches; 0 or less:
+    no limit, as in verl) and, under --max-rollouts (rollouts_left: what the budget has left), no more
+    blocks than it pays for (departure 2), so that a run ends at exactly its budget.
+    sample_block(b) -> (roll, completion ids, rewards) of block b, rows prompt-major; roll
+    (train.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows' sampler
+    log-probs (round 0) and its generation seconds. Each group carries its prompt's and rows' share of
+    them as payload, for DynamicBatch.kept_rows."""
+    seconds, ends = [], [sum(budgets[:k + 1]) for k in range(len(budgets))]
+
+    def next_block(b: int) -> list[Group]:
+        roll, ids, rewards = sample_block(b)
+        seconds.append(roll.gen_seconds)
+        lps = roll.sampler_lps[0]
+        return [Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k], roll.prompts[k], ids[e - B:e],
+                                             lps[e - B:e]))
+                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
+
+    limit = max_blocks if max_blocks > 0 else None  # verl: 0 or less is no limit
+    if rollouts_left is not None:  # departure (2): no more blocks than the rollout budget has left
+        left = rollouts_left // sum(budgets)
+        limit = left if limit is None else min(limit, left)
+    out = dynamic_sample(next_block, M, limit)
+    out.gen_seconds = sum(seconds)
     return out

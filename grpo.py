@@ -2,7 +2,7 @@
 
 Everything between "a list of groups of (prompt, completions, rewards)" and `loss.backward()`,
 one small function per equation, so a student can follow GRPO (DeepSeekMath, Shao et al. 2024,
-arXiv 2402.03300, §4.1) and its common variants line by line:
+arXiv 2402.03300, §4.1) and its common variants line by line; then the update around them:
 
     1. group_advantages   A_i = (r_i - mean(r_group)) / std(r_group)      DeepSeekMath §4.1.2
                           (no std division with scale_std=False: Dr. GRPO, arXiv 2503.20783)
@@ -16,6 +16,10 @@ arXiv 2402.03300, §4.1) and its common variants line by line:
     4. aggregate_loss     "dapo"    token mean over the batch            (DAPO §3.3; CoBA App. C)
                           "grpo"    mean over each sequence's tokens, then over sequences (eq. 3)
                           "dr_grpo" sum / (N * max_completion_length)    (Dr. GRPO)
+    5. policy_update      App. C's update of one step: the N rows in `num_mini_batches` shuffled
+                          mini-batches, one optimizer step each, accumulated over micro-batches
+                          (pi_old and pi_ref from no-grad forwards first: frozen_logps); under
+                          torchrun this rank's rows of each (dist.micro_batches)
 
 The CoBA-RL twist (arXiv 2602.03048, §2.1): prompt i gets its own number of rollouts B_i, so the
 groups are ragged. Nothing here reshapes rewards into (M, G) as TRL does
@@ -44,15 +48,19 @@ Departures and choices, each with its source:
       exactly (see aggregate_loss).
   (5) Entropy is a logged metric only, computed without gradient.
   (6) Off by default: truncated_importance_weights (TIS) reweights each token's surrogate when
-      the rollouts came from another engine (vLLM) than the one that computes pi_old.
+      the rollouts came from another engine (vLLM) than the one that computes pi_old; with vLLM
+      rollouts the gap between the two is logged (sampler_gap, sampler_gap_means).
 
 Test: tests/test_grpo.py
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
+
+import dist
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
 
@@ -349,6 +357,30 @@ def truncated_importance_weights(trainer_logps: torch.Tensor, sampler_logps: tor
     return torch.clamp(torch.exp(log_w), max=cap)  # (N, T)
 
 
+def sampler_gap(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, completion_mask: torch.Tensor,
+                cap: float | None = None) -> tuple[torch.Tensor | None, list[float]]:
+    """vLLM rollouts (ours, logged): how far the trainer's log-probs at rollout time are from the
+    sampler's, on one micro-batch. Returns (the TIS weights w_t (N, T), or None without a cap, and the
+    sums [sum |log pi_trainer - log pi_sampler|, completion tokens, sum of w_t] over its completion
+    tokens). Summed over micro-batches and ranks, then divided by the tokens, they are the batch's
+    token means vllm_logp_gap and vllm_is_weight_mean. trainer_logps, sampler_logps, mask: (N, T)."""
+    m = completion_mask.bool()
+    sums = [float(torch.where(m, (trainer_logps - sampler_logps).abs(), 0.0).sum()), float(m.sum()), 0.0]
+    weights = None
+    if cap:
+        weights = truncated_importance_weights(trainer_logps, sampler_logps, completion_mask, cap)  # (N, T)
+        sums[2] = float(torch.where(m, weights, 0.0).sum())
+    return weights, sums
+
+
+def sampler_gap_means(gap_sum: float, tokens: float, weight_sum: float, cap: float | None = None) -> dict:
+    """sampler_gap's sums over the whole batch -> the log's token means (each row is in exactly one
+    mini-batch): vllm_logp_gap, and vllm_is_weight_mean with a cap; {} without sampler log-probs."""
+    if not tokens:
+        return {}
+    return {"vllm_logp_gap": gap_sum / tokens, **({"vllm_is_weight_mean": weight_sum / tokens} if cap else {})}
+
+
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
     """Mean of x over the True positions of m, as a python float; 0.0 when there are none."""
     count = int(m.sum())
@@ -399,3 +431,94 @@ def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: 
         raise ValueError("loss_type 'dr_grpo' needs max_completion_length (the generation limit, "
                          f"a positive int), got {max_completion_length}")
     return masked.sum() / (max(n_seq, 1.0) * max_completion_length)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. App. C's update: the clipped surrogate over mini-batches, one optimizer step each
+# ----------------------------------------------------------------------------------------------
+def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
+                  autocast=contextlib.nullcontext) -> dict:
+    """GRPO on one step's rollouts (App. C): `num_mini_batches` optimizer steps over a shuffled split of
+    the N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
+    pi_old: see frozen_logps. --shared-prompt-forward (a speed-up, the same sums up to float rounding:
+    tests/test_speed.py) runs each distinct prompt once per micro-batch, a mini-batch's rows sorted by
+    prompt so that a prompt's rows share micro-batches (per_token_logps_shared_prompt).
+    Under torchrun this rank holds n of the N rows (batch["rows"]); mini-batches are drawn over all N
+    and normalised by their global size, so the gradients summed over ranks are one process's."""
+    ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
+    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,) this rank's rows among the N
+    lengths = batch.get("lengths", cmask.sum(1))  # (N,) every row's completion length
+    sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
+    cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
+    N, T = cmask.shape
+    shared = getattr(args, "shared_prompt_forward", False)
+    logps_fn = per_token_logps_shared_prompt if shared else per_token_logps
+
+    def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
+        with autocast():
+            return logps_fn(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
+
+    micro = args.micro_batch_size
+    own_first = batch.get("old_logps") is not None  # the first mini-batch's own detached forward is pi_old
+    old_logps, ref_logps = frozen_logps(mb, model, ref_model, N, micro, batch.get("old_logps"),
+                                        need_old=args.num_mini_batches > 1)  # (N, T) each, or None
+    N_all = len(lengths)
+    perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
+    sharded = dist.is_sharded(model)  # --fsdp (walks the modules: once per update, not per mini-batch)
+    sums: dict[str, float] = {}
+    gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
+    for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
+        # the whole mini-batch's normaliser (all ranks): accumulated micro-batches give one big batch's gradient
+        normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
+        for rows, pad in dist.micro_batches(global_chunk, rows_global, N_all, micro, sharded, by_prompt=shared):
+            logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
+            if pad:  # --fsdp: a micro-batch of weight 0, so that every rank runs as many (dist.py rule 2)
+                (logps.sum() * 0.0).backward()
+                continue
+            old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
+            is_weights = None
+            if sampler_logps is not None:  # vLLM: the trainer's log-probs at rollout time vs the sampler's
+                is_weights, gap_sums = sampler_gap(old, sampler_logps[rows], cmask[rows], cap)  # (n, T) or None
+                gap = [g + s for g, s in zip(gap, gap_sums)]
+            loss, metrics = clipped_policy_loss(
+                logps, old, adv[rows], cmask[rows], epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
+                ref_logps=None if ref_logps is None else ref_logps[rows], beta=args.beta,
+                loss_type=args.loss_type, max_completion_length=args.max_completion_length,
+                normalizer=normalizer, entropy=entropy, token_weights=is_weights)
+            loss.backward()
+            # Token means (ratio, clip, kl, entropy) weighted by this micro-batch's share of the step's tokens,
+            # all ranks' (lengths): their sum is the token mean over the whole step however its rows are
+            # split into micro-batches and ranks. (Weighted by rows, the split changed them: issue 41.)
+            w = float(cmask[rows].sum()) / max(float(lengths.sum()), 1.0)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
+        if not sharded:  # --fsdp: the reduce-scatter in each backward summed them already
+            dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
+        sums["grad_norm"] = dist.grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
+    return {**sums, **sampler_gap_means(*dist.all_reduce_sums(dict(enumerate(gap))).values(), cap=cap)}
+
+
+def frozen_logps(mb, model, ref_model, N: int, micro: int, old_logps=None, need_old: bool = True) -> tuple:
+    """(pi_old's, pi_ref's) log-probs of the N rows before the update, (N, T) each or None, from no-grad
+    forwards in micro-batches (mb(rows, model) is one). pi_ref is the frozen reference model's (--beta > 0).
+    pi_old is the rollout policy's, needed once the first optimizer step has moved the policy (need_old:
+    more than one mini-batch). A speed-up, the plain computation up to float rounding (tests/test_speed.py):
+    old_logps (HF rollouts with --sampler-logps) are generation's own log pi(o_t), under the same weights,
+    and replace this forward; and the first mini-batch needs none at all: the policy has not moved yet,
+    so its own detached forward is pi_old (ratio exactly 1, as in the one-mini-batch case)."""
+    rows_all, ref_logps = torch.arange(N), None
+    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
+    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
+        # (N = 0: a torchrun rank that owns no group this step, with fewer prompts than ranks: nothing
+        # to compute; it still joins every collective of the update with zero gradients.)
+        if need_old and old_logps is None and N:
+            old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
+        if ref_model is not None and N:
+            ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
+    model.train()
+    return old_logps, ref_logps

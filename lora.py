@@ -16,6 +16,8 @@ What this file gives train.py, rollout.py and checkpoint.py (each keeps one call
                        peft's inject_adapter_in_model), LoRA weights in fp32 over a frozen base
   WithoutAdapter       the KL reference of --beta > 0 for free: the policy with its adapter switched
                        off is exactly the base model, so no second copy of the model is loaded
+  reference_model      train.py's choice of that reference: WithoutAdapter with --use-peft, else a
+                       frozen copy of the initial policy
   engine_weights       what vLLM receives: W + s * B A per wrapped layer, computed in fp32 under the
                        base model's parameter names; the base itself is never written
   read_adapter, load_adapter, save_merged
@@ -154,6 +156,20 @@ class WithoutAdapter:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+
+def reference_model(model, args, load):
+    """pi_ref of the k3 KL term (--beta > 0; None without one), the initial policy frozen. With
+    --use-peft the policy with its adapter off (WithoutAdapter: the base under the adapter is the
+    initial policy, no copy); a full model needs a second copy, load() (its weights in bf16 with
+    --bf16: enough for log-probs), frozen."""
+    if not args.beta > 0:
+        return None
+    if args.use_peft:
+        return WithoutAdapter(model)
+    ref_model = load()
+    ref_model.eval().requires_grad_(False)
+    return ref_model
 
 
 # ----------------------------------------------------------------------------------------------

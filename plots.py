@@ -430,7 +430,7 @@ def committed_runs(results: Path) -> list[dict]:
 
 def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
     """One point a run: its held-out gain (final - start of its primary metric, avg@k) against the
-    prompts carrying signal per step (compare.signal_prompts: effective number of groups with a
+    prompts carrying signal per step (stats.signal_prompts: effective number of groups with a
     non-zero advantage), coloured by arm, one panel per lab. If the ordering of the arms comes from
     how many prompts carry the gradient, each panel's points fall on one rising band whatever the
     arm. Returns the path and a line per lab with the rank correlation (Spearman) of the two."""

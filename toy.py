@@ -357,7 +357,7 @@ SHA256 = {
 }
 
 # Start accuracies on the first 256 held-out problems of each lab's task (task_splits(task, 0,
-# n_test=256)[1]) measured with train.evaluate: greedy, and 8 samples at T 1.0, top-p 0.9, seed 0
+# n_test=256)[1]) measured with evaluate.evaluate: greedy, and 8 samples at T 1.0, top-p 0.9, seed 0
 # (avg@8, pass@8).
 START = {
     "toy": {"acc": 87 / 256, "avg@8": 521 / 2048, "pass@8": 143 / 256},  # .340, .254, .559

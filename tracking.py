@@ -7,10 +7,10 @@ alike on one dashboard. CoBA's own signals (F_t, F_bar, alpha_t, beta_t, tau: pa
 go under `train/coba/`. Every scalar of a train or eval record is sent at the record's step; the
 per-prompt vectors (B_i, p_i, group rewards) go as histograms.
 
-Sample completions (`--log-completions N`): each step, N (step, prompt, completion, reward, B_i, p_i)
-rows to OUTPUT_DIR/completions.jsonl and to the tracker (a wandb Table; TensorBoard text). Half come
-from the prompts given the largest budgets, half from the smallest, so both ends of the allocation
-can be read (pick_groups).
+Sample completions (`--log-completions N`, step_completions): each step, N (step, prompt, completion,
+reward, B_i, p_i) rows to OUTPUT_DIR/completions.jsonl and to the tracker (a wandb Table; TensorBoard
+text). Half come from the prompts given the largest budgets, half from the smallest, so both ends of
+the allocation can be read (pick_groups).
 
 Trackers are optional: imported only when asked for; a missing one is a one-line error naming its
 install command. wandb runs offline without network or API key (WANDB_MODE=offline; `wandb sync`
@@ -120,6 +120,17 @@ def completion_rows(step: int, prompt_idx, prompts, answers, completion_ids, rew
                      "reward": float(rewards[r]), "B_i": int(budgets[i]),
                      "p_i": round(float(pass_rates[i]), 4)})  # rounded as in the log's pass_rates
     return rows
+
+
+def step_completions(step: int, batch, tokenizer, n: int) -> list[dict]:
+    """completion_rows of one train.py step (batch: its train.StepBatch), from this rank's own groups
+    (rank 0 writes; all of them in one process) and their rows of the step's N rewards."""
+    roll, share, alloc = batch.roll, batch.share, batch.alloc
+    own, rows = share.owned[share.rank], share.rows()
+    return completion_rows(step, [roll.prompt_idx[i] for i in own], [roll.prompts[i] for i in own],
+                           [roll.answers_m[i] for i in own], batch.completion_ids,
+                           [batch.rewards[r] for r in rows.tolist()], [alloc.budgets[i] for i in own],
+                           alloc.pass_rates[own], tokenizer, n)
 
 
 def _markdown(rows: list[dict]) -> str:

@@ -15,38 +15,30 @@ One step of the loop below, in the order of docs/method-sources.md §3:
     7. clipped surrogate, optimizer steps   -> grpo.per_token_logps, grpo.clipped_policy_loss
     8. log a JSONL line; evaluate; checkpoint (model, optimizer, RNG, tracker, sampler)
 
-With no arguments it trains the tiny offline model of toy.py on CPU in a few minutes:
-    python train.py
-The paper's setting, on one GPU:
-    python train.py --model Qwen2.5-1.5B --dataset math --use-vllm
-rl_step below is that one step; --probe (ours, not the paper) is probe_then_allocate. Kept out of
-this file: the command line, its flags, toy vs real-model presets and range checks (cli.py); reading
-and checking data files (data.py); and what makes a run safe to stop and resume: atomic
-checkpoints, the run lock, --resume's checks, Ctrl-C and SIGTERM (checkpoint.py).
-The baselines beside it (docs/arms.md): --dynamic-sampling is DAPO's arm (dapo_rollouts: blocks of
-K x G, K = --gen-batch-size (M), until M groups carry signal, dynamic_sampling.py), --prompt-selection mopps is MoPPS's (step 1
-from data.MoPPSSampler); --max-rollouts / --eval-every-rollouts put a run on a rollouts budget.
-LoRA (--use-peft, ours) is lora.py: setup wraps the model, and the KL reference is the base under
-the adapter.
-Several processes (data-parallel, `torchrun --nproc_per_node N train.py ...`): dist.py holds all of
-it; here it shows as one Share per step (which whole groups this rank generates and trains on) and
-the gathers after generation, so the tracker, advantages and log see the whole step on every rank.
-Under torchrun main refuses --probe, --eval-only, --dynamic-sampling, --prompt-selection mopps and
---use-peft (one process only, for now: main says why). --fsdp shards the model with FSDP2 (dist.py's
-three rules: generation inside dist.gathered, micro-batches padded to the same count, summed
-gradients); without it every rank holds the whole model.
+With no arguments it trains the tiny offline model of toy.py on CPU in a few minutes (`python
+train.py`); the paper's setting on one GPU: `python train.py --model Qwen2.5-1.5B --dataset math --use-vllm`.
+rl_step below is that one step, one call per step of the list; each arm beside the paper's is one
+call behind its name (docs/arms.md): DAPO's refill (--dynamic-sampling: dapo_rollouts; its blocks and
+accounting in dynamic_sampling.py), our in-step probe (--probe: probe_then_allocate), MoPPS's prompt
+choice (--prompt-selection mopps: run.sampler) and the coba-oracle diagnostic (--pass-rate-source
+oracle: oracle_pass_rates). App. C's mini-batch update is grpo.policy_update. Kept out of this file:
+evaluation the paper's way and --eval-only (evaluate.py); the flags, presets and every refusal
+(cli.py); data files (data.py); safe stop and exact resume (checkpoint.py); LoRA and its KL reference
+(--use-peft: lora.py); everything of several processes (`torchrun --nproc_per_node N train.py`,
+dist.py), which shows here as one Share per step (the whole groups this rank generates and trains
+on), the gather after generation (the tracker, advantages and log see the whole step on every rank)
+and this rank's micro-batches of each mini-batch; --fsdp shards the model (dist.py's three rules).
 Left out on purpose: DeepSpeed, sharded checkpoint files (torch.distributed.checkpoint), async rollouts.
-Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm),
-tests/test_arms.py (knapsack, coba-released, --probe) and tests/test_arms_dapo_mopps.py (dapo, mopps,
-mopps+coba); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes, NaNs, a second run and
-bad data files: tests/test_reliability.py.
+Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm), tests/test_arms.py
+(knapsack, coba-released, --probe), tests/test_arms_dapo_mopps.py (dapo, mopps, mopps+coba),
+tests/test_regime.py (the oracle); LoRA: tests/test_lora.py; torchrun: tests/test_dist.py; crashes,
+NaNs, a second run and bad data files: tests/test_reliability.py.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -67,228 +59,20 @@ import lora
 import plots
 import tracking
 import verify
-from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, checkpoint_step, find_checkpoint,
-                        load_checkpoint, prepare_run_dir, read_log, remove_run, resume_checkpoint, run_config,
-                        save_checkpoint, truncate_log)
-from cli import (build_parser, closing_line, eval_table, progress_bars,  # the command line: flags, presets,
-                 resolve_args)  # range checks, and what it prints at the end
+from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, find_checkpoint, finished_summary,
+                        nonfinite, prepare_run_dir, remove_run, resume_every_rank, run_config, save_checkpoint,
+                        saved_config)
+from cli import (build_parser, check_launch, closing_line, progress_bars,  # the command line: flags, presets,
+                 resolve_args)  # range checks and refusals, and what it prints at the end
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
+from evaluate import eval_due, eval_only, evaluate_inside, final_summary, run_eval  # avg@k, pass@k, greedy; --eval-only
+from grpo import policy_update  # App. C's mini-batch update: the clipped surrogate's optimizer steps
 from models import identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
 
 # ----------------------------------------------------------------------------------------------
-# The in-step probe (ours, beyond the paper: --probe)
-# ----------------------------------------------------------------------------------------------
-# The paper's allocator only knows a prompt's pass rate from an earlier visit (docs/method-sources.md
-# §3): the first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
-# escapes ("sticky zero", docs/calibration.md). With --probe every prompt first gets B_low rollouts in
-# this step; the allocator then sees p_i pooled over those and the earlier visits, and hands out
-# the rest of the same B_total. Costs one extra generation round per step, no extra rollouts.
-def probe_pass_rates(tracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
-    """(M,) p_i = (successes of the last visits + probe successes) / (their rollouts + B_low).
-
-    Pooling (our choice) keeps the estimate from resting on B_low = 2 samples alone; the last
-    visits are the tracker's window (--failure-window), the probe rows come from this step."""
-    rates = []
-    for i, s in zip(prompt_idx, probe_successes):
-        hist = tracker.visits.get(int(i), ())
-        rates.append((sum(h[0] for h in hist) + float(s)) / (sum(h[1] for h in hist) + probe_budget))
-    return np.array(rates, dtype=float)
-
-
-def probe_knapsack_stats(tracker, prompt_idx, probe_rewards: list[float], probe_budget: int):
-    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the tracker's
-    own rule (coba.CapabilityTracker.knapsack_after) with each prompt's B_low probe rewards."""
-    after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
-             for k, i in enumerate(prompt_idx)]
-    return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation: greedy accuracy, and the paper's avg@k / pass@k (k samples, T = 1.0, top-p 0.9)
-# ----------------------------------------------------------------------------------------------
-def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dict:
-    ranks = dist.current()  # under torchrun each rank evaluates every W-th problem; outcomes are gathered
-    all_records, records = records, records[ranks.rank::ranks.world_size]
-    prompts = [format_prompt(r["question"], tokenizer, args) for r in records]
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
-    answers = [r["answer"] for r in records]
-
-    def gen(k: int, greedy: bool, T: float, top_p: float) -> list[list[int]]:
-        return generate_groups(model, tokenizer, prompt_ids, [k] * len(prompt_ids),
-                               max_new_tokens=args.max_completion_length, temperature=T, top_p=top_p,
-                               batch_size=args.generation_batch_size, greedy=greedy, generator=generator,
-                               seed=args.seed)
-
-    texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
-    greedy = verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)
-    k = args.eval_samples
-    many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
-    sampled = verify.rewards(many, [a for a in answers for _ in range(k)], last_number_fallback=args.last_number_fallback)
-    greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
-    correct = np.array(sampled, dtype=float).reshape(-1, k) if k > 0 else None  # (n, k)
-    result = accuracies(np.array(greedy, dtype=float), correct, k)
-    # Per difficulty level (issue 42): the paper's gains are largest on its hardest benchmarks, so a
-    # gain of an allocator would show first on the hardest level. Records carry "level" on the labs
-    # (toy-reason: level L = L + 2 addends); the gathered outcomes are in rank order, so the levels are too.
-    levels = [r.get("level") for w in range(ranks.world_size) for r in all_records[w::ranks.world_size]]
-    if levels and None not in levels:
-        levels = np.array(levels)
-        result["by_level"] = {str(L): {**accuracies(np.array(greedy, dtype=float)[levels == L],
-                                                    None if correct is None else correct[levels == L], k),
-                                       "n": int((levels == L).sum())}
-                              for L in sorted(set(levels.tolist()))}
-    return result
-
-
-def accuracies(greedy: np.ndarray, correct: np.ndarray | None, k: int) -> dict:
-    """acc (greedy, (n,) 0/1), and from the (n, k) sampled outcomes avg@k (+ its standard error) and pass@k."""
-    result = {"acc": float(np.mean(greedy))}
-    if correct is not None:
-        per_problem = correct.mean(axis=1)  # (n,) each problem's share of right samples
-        result[f"avg@{k}"] = float(per_problem.mean())  # mean accuracy over k samples (paper's avg@16)
-        # Standard error over problems (the k samples of one problem are not independent draws of
-        # the benchmark): the noise of avg@k as an estimate of the model's accuracy on this kind of set.
-        n = len(per_problem)
-        result[f"avg@{k}_se"] = float(per_problem.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
-        result[f"pass@{k}"] = float((correct.max(axis=1) > 0).mean())  # any of k correct (n = k)
-    return result
-
-
-
-# ----------------------------------------------------------------------------------------------
-# Policy update: GRPO on ragged groups, split into mini-batches (paper: 2 optimizer steps a step)
-# ----------------------------------------------------------------------------------------------
-def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
-                  autocast=contextlib.nullcontext) -> dict:
-    """GRPO on one step's rollouts: `num_mini_batches` optimizer steps over a shuffled split of the
-    N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
-
-    Two speed-ups, each the plain computation up to float rounding (tests/test_speed.py):
-    - batch["old_logps"] (HF rollouts with --sampler-logps): generation's own log pi(o_t), under
-      the same weights, replace the no-grad forward over all N rows. The first mini-batch needs no
-      old log-probs at all: the policy has not moved yet, so its own detached forward is pi_old
-      (ratio exactly 1, as in the one-mini-batch case).
-    - --shared-prompt-forward: every forward runs each distinct prompt once per micro-batch
-      (grpo.per_token_logps_shared_prompt); a mini-batch's rows are sorted by prompt first, so a
-      prompt's rows share micro-batches (the mini-batch, hence its gradient sum, is unchanged)."""
-    ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
-    # Under torchrun this rank holds n of the step's N rows: "rows" (n,) says which, "lengths" (N,) are
-    # every row's completion length. Mini-batches are drawn over all N rows and normalised by their
-    # global size, so the gradients summed over ranks (dist.all_reduce_grads) are one process's.
-    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,)
-    lengths = batch.get("lengths", cmask.sum(1))  # (N,)
-    sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
-    cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
-    N, T = cmask.shape
-    shared = getattr(args, "shared_prompt_forward", False)
-    logps_fn = grpo.per_token_logps_shared_prompt if shared else grpo.per_token_logps
-
-    def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
-        with autocast():
-            return logps_fn(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
-
-    rows_all = torch.arange(N)
-    micro = args.micro_batch_size
-    old_logps, ref_logps = batch.get("old_logps"), None  # (N, T) generation's log-probs, or None
-    own_first = old_logps is not None  # the first mini-batch takes its own detached forward as pi_old
-    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
-    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
-        # The rollout policy's log-probs: needed once the first optimizer step has moved the policy.
-        # (N = 0: a torchrun rank that owns no group this step, with fewer prompts than ranks: nothing
-        # to compute; it still joins every collective below with zero gradients.)
-        if args.num_mini_batches > 1 and old_logps is None and N:
-            old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None and N:
-            ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
-    model.train()
-    N_all = len(lengths)
-    perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
-    sharded = dist.is_sharded(model)  # --fsdp (walks the modules: once per update, not per mini-batch)
-    sums: dict[str, float] = {}
-    gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
-    for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
-        chunk = dist.local_rows(global_chunk, rows_global, N_all)  # this rank's rows of the mini-batch
-        if shared:  # rows are prompt-major: sorted, a prompt's rows are adjacent, so share micro-batches
-            chunk = chunk.sort().values
-        # Whole-mini-batch normaliser, so micro-batch gradient accumulation equals one big batch.
-        normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
-        # --fsdp: every rank runs as many micro-batches as the busiest (dist.py rule 2); a pad one
-        # (s past the end) recomputes a row of this rank with weight 0, so it adds exact zeros.
-        n_micro = -(-len(chunk) // micro)
-        if sharded:
-            n_micro = dist.max_over_ranks(n_micro)
-        for s in range(0, n_micro * micro, micro):
-            pad = s >= len(chunk)
-            rows = chunk[s:s + micro] if not pad else torch.arange(min(1, len(cmask)))
-            logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
-            if pad:
-                (logps.sum() * 0.0).backward()
-                continue
-            old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
-            is_weights = None
-            if sampler_logps is not None:  # the trainer's log-probs at rollout time vs the sampler's
-                m = cmask[rows].bool()
-                gap[0] += float(torch.where(m, (old - sampler_logps[rows]).abs(), 0.0).sum())
-                gap[1] += float(m.sum())
-                if cap:
-                    is_weights = grpo.truncated_importance_weights(old, sampler_logps[rows], cmask[rows],
-                                                                   cap)  # (n, T)
-                    gap[2] += float(torch.where(m, is_weights, 0.0).sum())
-            loss, metrics = grpo.clipped_policy_loss(
-                logps, old, adv[rows], cmask[rows], epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
-                ref_logps=None if ref_logps is None else ref_logps[rows], beta=args.beta,
-                loss_type=args.loss_type, max_completion_length=args.max_completion_length,
-                normalizer=normalizer, entropy=entropy, token_weights=is_weights)
-            loss.backward()
-            # Token means (ratio, clip, kl, entropy) weighted by this micro-batch's share of the step's tokens,
-            # all ranks' (lengths): their sum is the token mean over the whole step however its rows are
-            # split into micro-batches and ranks. (Weighted by rows, the split changed them: issue 41.)
-            w = float(cmask[rows].sum()) / max(float(lengths.sum()), 1.0)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
-        if not sharded:  # --fsdp: the reduce-scatter in each backward summed them already
-            dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
-        sums["grad_norm"] = dist.grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-    sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
-    gap = list(dist.all_reduce_sums(dict(enumerate(gap))).values())
-    if gap[1]:  # each row is in exactly one mini-batch: token means over the whole batch
-        sums["vllm_logp_gap"] = gap[0] / gap[1]
-        if cap:
-            sums["vllm_is_weight_mean"] = gap[2] / gap[1]
-    return sums
-
-
-def make_optimizer(model, args):
-    """AdamW (paper App. C), or bitsandbytes' 8-bit AdamW to halve optimizer memory on a GPU."""
-    if args.optim == "adamw8bit":
-        try:
-            import bitsandbytes as bnb
-        except ImportError:
-            raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
-                             "CUDA only): or use --optim adamw")
-        return bnb.optim.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
-                                   weight_decay=0.0)
-    params = [p for p in model.parameters() if p.requires_grad]  # --use-peft: LoRA's A and B only
-    return torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-
-
-def nonfinite(metrics: dict, model) -> list[str]:
-    """What went NaN or inf in this step's update: 'loss', 'grad_norm', 'weights' (empty: all finite).
-    Checked before the step can reach a checkpoint, so the last checkpoint saved stays finite."""
-    bad = [key for key in ("loss", "grad_norm") if key in metrics and not math.isfinite(metrics[key])]
-    if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
-        bad.append("weights")
-    return bad
-
-
-# ----------------------------------------------------------------------------------------------
-# The training loop: setup, then rl_step once per step (docs/method-sources.md §3), then the final evaluation
+# What one run holds, and its setup (fresh, or restored from a checkpoint)
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Run:
@@ -340,6 +124,20 @@ class Allocation:
     tau: float  # eq. 8's tau over all M prompts
 
 
+@dataclass
+class StepBatch:
+    """Steps 1-4's answer, whichever arm made it (the paper's, --probe, DAPO's): what steps 5-8 read."""
+    roll: StepRollouts  # the M prompts (DAPO: the kept groups' prompts)
+    alloc: Allocation  # p_i and seen_i as the allocator saw them, B_i, tau
+    share: dist.Share  # the groups this rank generated and trains on (all of them in one process)
+    completion_ids: list[list[int]]  # this rank's rows, prompt-major
+    rewards: list[float]  # (N,) every rank's rows' rewards, prompt-major
+    row_lengths: list[int]  # (N,) every row's completion length
+    lp_rows: list  # this rank's rows' sampler log-probs (HF without --sampler-logps: None each)
+    dapo: dynamic_sampling.DynamicBatch | None = None  # --dynamic-sampling: every generated group, the accounting
+    extra: dict = field(default_factory=dict)  # an arm's own log fields (--pass-rate-source oracle)
+
+
 def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     """Data, model, optimizer, tracker, sampler and log, fresh or restored from resume_from; returns
     them and the step to start at. A fresh run logs its config line and the step-0 evaluation."""
@@ -353,10 +151,7 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     data_counts = {"skipped_rows": 0, "skipped_long_prompts": 0}  # logged in the config line
     train_set, eval_sets = load_data(args, data_counts)
     check_candidates(args, len(train_set))  # MoPPS's ratio x M candidates fit the pool: fail before --overwrite
-    saved = {}  # the resumed run's recorded flags and identities
-    if resume_from is not None:
-        with contextlib.suppress(OSError, ValueError):  # unreadable: resume_checkpoint names the damage
-            saved = json.loads((resume_from / "run_config.json").read_text())
+    saved = saved_config(resume_from)  # the resumed run's recorded flags and identities ({}: a fresh run)
     # Recorded in the config line and every checkpoint; --resume refuses other data or another model.
     args.data_identity = data_identity(args, train_set, eval_sets)
     check_identity({"data_identity": saved.get("data_identity")}, args, resume_from)
@@ -377,12 +172,9 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
         remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    ref_model = None
-    if args.beta > 0 and args.use_peft:  # the base under the adapter is the initial policy: no copy
-        ref_model = lora.WithoutAdapter(model)
-    elif args.beta > 0:  # frozen copy of the initial policy for the k3 KL term
-        ref_model = load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0]
-        ref_model.eval().requires_grad_(False)  # frozen: bf16 weights are enough for log-probs
+    # pi_ref for the k3 KL term (--beta > 0): LoRA's base under the adapter, else a frozen copy of --model
+    ref_model = lora.reference_model(
+        model, args, lambda: load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0])
     optimizer = make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / args.warmup_lr_steps) if args.warmup_lr_steps else 1.0)
@@ -393,63 +185,118 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     run = Run(args, out, model, tokenizer, ref_model, optimizer, scheduler, tracker,
               make_sampler(args, len(train_set)), VLLMGenerator(args, model_path) if args.use_vllm else None,
               train_set, eval_sets, device, amp, counters={"rollouts": 0, "seconds": 0.0})
-    start, log_path = 0, out / "log.jsonl"
+    start = 0
     if resume_from is not None:  # flags already checked against the saved ones (prepare_run_dir)
-        # the newest checkpoint that loads: a damaged one is set aside with a warning
-        # (torchrun: rank 0 picks it, setting damaged ones aside, then the others load the same one)
-        resume_from, start, run.counters = dist.on_rank0(resume_checkpoint, out, model, optimizer, scheduler,
-                                                         tracker, run.sampler)
-        if not main_rank:
-            load_checkpoint(resume_from, model, optimizer, scheduler, tracker, run.sampler)
-        else:
-            truncate_log(log_path, start, keep_summary=start >= args.steps)
+        resume_from, start, run.counters = resume_every_rank(out, model, optimizer, scheduler, tracker, run.sampler,
+                                                             args.steps)
         if run.generator is not None:
             run.generator.sync_weights(model)
         print(f"resumed from {resume_from} at step {start}")
-    if start == 0 and main_rank:
-        log_path.write_text("")
-    run.log = log_path.open("a") if main_rank else open(os.devnull, "w")
-    run.reporter = tracking.Tracker(args.report_to, out, start, run_config(args)) if main_rank else None
-    if start > 0:  # which settings made the steps from here on: --steps, speed flags may have changed
-        saved = json.loads((resume_from / "run_config.json").read_text())
-        run.write({"type": "resume", "step": start, "checkpoint": resume_from.name,
-                   "changed": changed_flags(saved, args)})
-    if start == 0:
-        run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
-                   "device": str(device), "train_size": len(train_set), **data_counts,
-                   "world_size": dist.current().world_size})
-        run_eval(run, 0)
+    open_log(run, start, resume_from, {"model_path": model_path, "device": str(device), "train_size": len(train_set),
+                                       **data_counts, "world_size": dist.current().world_size})
     return run, start
 
 
-def run_eval(run: Run, step: int, extra: dict | None = None) -> dict:
-    """Evaluate every eval set and log one record: NAME_acc (greedy), NAME_avg@k (+ _se) and
-    NAME_pass@k per set; with benchmarks (every set but 'heldout'), eval_mean_avg@k, their plain mean
-    as in the paper's Table 1 'Avg.' column; eval_seconds, what the evaluation cost."""
-    t0 = time.time()
-    record = {"type": "eval", "step": step, "rollouts": run.counters["rollouts"], **(extra or {})}
-    # Evaluation samples (avg@k) from its own RNG, seeded the same at every evaluation, and leaves the
-    # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
-    # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
-    # model, not by the sampling noise (common random numbers).
-    # Only this rank's own device (cuda:LOCAL_RANK under torchrun; --device's) is saved and restored:
-    # None would save every visible GPU's RNG, initialising CUDA on each from every rank (issue 41).
-    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
-        torch.manual_seed(run.args.seed)
-        dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
-        for name, records in run.eval_sets.items():
-            with run.amp(), dist.gathered(run.model):
-                results = evaluate(run.model, run.tokenizer, records, run.args, run.generator)
-            for key, value in results.items():
-                record[f"{name}_{key}"] = value
-    k = run.args.eval_samples
-    benchmarks = [name for name in run.eval_sets if name != "heldout"]
-    if benchmarks:
-        metric = f"avg@{k}" if k else "acc"
-        record[f"eval_mean_{metric}"] = float(np.mean([record[f"{name}_{metric}"] for name in benchmarks]))
-    record["eval_seconds"] = round(time.time() - t0, 3)
-    run.write(record)
-    return record
+def make_optimizer(model, args):
+    """AdamW (paper App. C), or bitsandbytes' 8-bit AdamW to halve optimizer memory on a GPU."""
+    if args.optim == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise SystemExit("error: --optim adamw8bit needs bitsandbytes (pip install bitsandbytes; "
+                             "CUDA only): or use --optim adamw")
+        return bnb.optim.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
+                                   weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # --use-peft: LoRA's A and B only
+    return torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
+
+
+def open_log(run: Run, start: int, resume_from: Path | None, config: dict) -> None:
+    """OUTPUT_DIR/log.jsonl and --report-to's tracker, rank 0's (the other ranks write to devnull). A
+    fresh run starts its log with the config line (its flags, and `config`) and the step-0
+    evaluation; a resumed one adds a resume line: which settings made the steps from here on."""
+    main_rank, log_path = dist.current().main, run.out / "log.jsonl"
+    if start == 0 and main_rank:
+        log_path.write_text("")
+    run.log = log_path.open("a") if main_rank else open(os.devnull, "w")
+    run.reporter = tracking.Tracker(run.args.report_to, run.out, start, run_config(run.args)) if main_rank else None
+    if start > 0:  # --steps and speed flags may have changed on --resume (checkpoint.RESUME_MAY_CHANGE)
+        run.write({"type": "resume", "step": start, "checkpoint": resume_from.name,
+                   "changed": changed_flags(saved_config(resume_from), run.args)})
+    if start == 0:
+        run.write({"type": "config", "step": -1, **run_config(run.args), **config})
+        run_eval(run, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# One RL step (docs/method-sources.md §3): steps 1-4 the paper's way or an arm's, then rl_step
+# ----------------------------------------------------------------------------------------------
+def step_prompts(run: Run, step: int, n: int | None = None) -> StepRollouts:
+    """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
+    --prompt-selection), tokenised once per prompt (not per rollout). n: another count (a DAPO block)."""
+    args = run.args
+    prompt_idx = run.sampler.next(n or args.prompts_per_step)
+    prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
+    return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
+                        [run.train_set[j]["answer"] for j in prompt_idx], prompts)
+
+
+def step_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, np.ndarray, tuple, dict]:
+    """Step 2's inputs: (p_i, seen_i, Knapsack-RL's (p_hat, rollouts recorded), log fields). The
+    paper's p_i are the tracker's, from the last visits (eq. 1); with --pass-rate-source oracle
+    (ours, a diagnostic) they are the current policy's, measured afresh (oracle_pass_rates)."""
+    if run.args.pass_rate_source == "oracle":
+        return oracle_pass_rates(run, roll)
+    idx = roll.prompt_idx
+    return run.tracker.pass_rates(idx), run.tracker.seen(idx), run.tracker.knapsack_stats(idx), {}
+
+
+def oracle_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, np.ndarray, tuple, dict]:
+    """(ours, a diagnostic: --pass-rate-source oracle, issue 42) Each prompt's *current* pass rate,
+    p_i = successes / K over K = --oracle-samples fresh rollouts of the current policy, instead of the
+    last visit's (stale by an epoch, from as few as B_low samples). These rollouts are never trained on
+    and not counted in the run's rollouts: they are what a perfect estimate would cost, logged apart
+    (oracle_rollouts, oracle_seconds). They draw from their own RNG, seeded per step, and leave the
+    training RNG where it was, so the training rollouts are the ones the arm would draw without them.
+    Returns step_pass_rates' four: every prompt counts as seen, Knapsack-RL gets (p, K), and the log
+    gets the tracker's stale p_i beside the oracle's for comparison."""
+    args, tracker = run.args, run.tracker
+    M, K = len(roll.prompt_idx), args.oracle_samples
+    own = StepRollouts(roll.step, roll.prompt_idx, roll.prompt_tok_m, roll.answers_m)  # own stats, kept apart
+    oracle_seed = (args.seed * 1_000_003 + roll.step) * 7 + 3  # not any (step, round)'s 2 x (...) + round
+    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+        torch.manual_seed(oracle_seed)
+        _, rewards = sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
+    p = np.add.reduceat(np.array(rewards, dtype=float), np.arange(0, M * K, K)) / K  # (M,)
+    return p, np.ones(M, dtype=bool), (p, np.full(M, K)), {
+        "oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
+        # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
+        "stale_pass_rates": [round(float(q), 4) if seen else None for q, seen in
+                             zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]}
+
+
+def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t: float) -> Allocation:
+    """Step 2: B_i from (p_i, alpha_t, beta_t, tau) (eqs. 3-9, Algorithm 1; or the --allocator's rule)."""
+    # tau as logged: over all M prompts; "adaptive" is passed on as is, because the released
+    # allocator computes it over its heap's prompts only (allocate.allocate_released)
+    tau = coba.resolve_tau(args.tau, pass_rates)
+    budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget,
+                                        args.min_budget, args.max_budget, alpha_t, beta_t,
+                                        "adaptive" if args.tau == "adaptive" else tau,
+                                        solver=args.solver, knapsack_stats=knapsack_stats)
+    return Allocation(pass_rates, seen, budgets, tau)
+
+
+def sample_share(run: Run, roll: StepRollouts, alloc: Allocation, extra: dict) -> StepBatch:
+    """Steps 3-4 on this rank's whole groups (all of them in one process): rank 0's B_i on every rank,
+    B_i completions of each of its prompts, their rewards. The step's N rewards and completion lengths
+    are gathered from every rank in prompt-major order (dist.gather_rows): what the tracker, the
+    advantages and the log read; the completions stay this rank's."""
+    alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
+    share = dist.Share.of(alloc.budgets)
+    completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
+    rewards, row_lengths = dist.gather_rows(share, rewards, [len(c) for c in completion_ids])
+    return StepBatch(roll, alloc, share, completion_ids, rewards, row_lengths, roll.sampler_lps[0], extra=extra)
 
 
 def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: int,
@@ -471,140 +318,52 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
                                        last_number_fallback=args.last_number_fallback, stats=roll.vstats)
 
 
-def sample_share(run: Run, roll: StepRollouts, share: dist.Share) -> tuple[list, list[float], list[int]]:
-    """Steps 3-4 on this rank's whole groups (all of them in one process); returns this rank's
-    completions (its rows, prompt-major) and, gathered from every rank, the step's N rewards and
-    completion lengths in prompt-major order: what the tracker, the advantages and the log read."""
-    completion_ids, rewards = sample_and_reward(run, roll, share.local_budgets(), round_=0)
-    own, at = [], 0
-    for i in share.owned[share.rank]:  # per own group: (its rewards, its completion lengths)
-        B = share.budgets[i]
-        own.append((rewards[at:at + B], [len(c) for c in completion_ids[at:at + B]]))
-        at += B
-    groups = dist.gather_groups(share.owned, own)  # (M,) in prompt order, every rank's groups
-    return completion_ids, [r for g in groups for r in g[0]], [n for g in groups for n in g[1]]
-
-
-def allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t: float, beta_t: float) -> Allocation:
-    """Step 2: B_i from (p_i, alpha_t, beta_t, tau) (eqs. 3-9, Algorithm 1; or the --allocator's rule)."""
-    # tau as logged: over all M prompts; "adaptive" is passed on as is, because the released
-    # allocator computes it over its heap's prompts only (allocate.allocate_released)
-    tau = coba.resolve_tau(args.tau, pass_rates)
-    budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget,
-                                        args.min_budget, args.max_budget, alpha_t, beta_t,
-                                        "adaptive" if args.tau == "adaptive" else tau,
-                                        solver=args.solver, knapsack_stats=knapsack_stats)
-    return Allocation(pass_rates, seen, budgets, tau)
-
-
-def oracle_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, dict]:
-    """(ours, a diagnostic: --pass-rate-source oracle, issue 42) Each prompt's *current* pass rate,
-    p_i = successes / K over K = --oracle-samples fresh rollouts of the current policy, instead of the
-    last visit's (stale by an epoch, from as few as B_low samples). These rollouts are never trained on
-    and not counted in the run's rollouts: they are what a perfect estimate would cost, logged apart
-    (oracle_rollouts, oracle_seconds). They draw from their own RNG, seeded per step, and leave the
-    training RNG where it was, so the training rollouts are the ones the arm would draw without them.
-    Returns (p (M,), the log's fields, with the tracker's stale p_i beside the oracle's for comparison)."""
-    args, tracker = run.args, run.tracker
-    M, K = len(roll.prompt_idx), args.oracle_samples
-    own = StepRollouts(roll.step, roll.prompt_idx, roll.prompt_tok_m, roll.answers_m)  # own stats, kept apart
-    oracle_seed = (args.seed * 1_000_003 + roll.step) * 7 + 3  # not any (step, round)'s 2 x (...) + round
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
-        torch.manual_seed(oracle_seed)
-        _, rewards = sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
-    p = np.add.reduceat(np.array(rewards, dtype=float), np.arange(0, M * K, K)) / K  # (M,)
-    return p, {"oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
-               # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
-               "stale_pass_rates": [round(float(q), 4) if seen else None for q, seen in
-                                    zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]}
-
-
-def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float):
+def probe_then_allocate(run: Run, roll: StepRollouts, alpha_t: float, beta_t: float) -> StepBatch:
     """Steps 2-4 with --probe (ours): B_low rollouts per prompt first, their outcomes pooled with the
-    last visits as p_i (probe_pass_rates), then only the B_i - B_low rollouts not drawn yet. Returns
-    (Allocation, completion ids, rewards, sampler log-probs), each prompt's probe rows first in its group."""
+    last visits as p_i (coba.probe_pass_rates), then only the B_i - B_low rollouts not drawn yet; each
+    prompt's probe rows come first in its group. One process only (cli refuses it under torchrun)."""
     args, tracker, prompt_idx = run.args, run.tracker, roll.prompt_idx
     M, B_low = len(prompt_idx), args.min_budget
     probe_budgets = [B_low] * M
     probe_ids, probe_rewards = sample_and_reward(run, roll, probe_budgets, round_=0)
     probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * B_low, B_low))  # (M,)
-    alloc = allocate_step(args, probe_pass_rates(tracker, prompt_idx, probe_successes, B_low),
-                          np.ones(M, dtype=bool), probe_knapsack_stats(tracker, prompt_idx, probe_rewards, B_low),
+    alloc = allocate_step(args, coba.probe_pass_rates(tracker, prompt_idx, probe_successes, B_low),
+                          np.ones(M, dtype=bool), coba.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, B_low),
                           alpha_t, beta_t)
     rest = [B - B_low for B in alloc.budgets]
     rest_ids, rest_rewards = sample_and_reward(run, roll, rest, round_=1)
-    return (alloc, merge_groups(probe_ids, probe_budgets, rest_ids, rest),
-            merge_groups(probe_rewards, probe_budgets, rest_rewards, rest),
-            merge_groups(roll.sampler_lps[0], probe_budgets, roll.sampler_lps[1], rest))
+    completion_ids = merge_groups(probe_ids, probe_budgets, rest_ids, rest)
+    return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), completion_ids,
+                     merge_groups(probe_rewards, probe_budgets, rest_rewards, rest), [len(c) for c in completion_ids],
+                     merge_groups(roll.sampler_lps[0], probe_budgets, roll.sampler_lps[1], rest))
 
 
-def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
-    """Stop before a NaN/inf state can reach a checkpoint: the last one saved stays finite."""
-    bad = nonfinite(metrics, run.model)
-    if bad:
-        last = find_checkpoint(run.out)
-        kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
-        message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
-                   f"--learning-rate ({run.args.learning_rate}) and start again with --overwrite")
-        run.write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
-        run.log.close()
-        raise SystemExit(f"error: {message}")
-
-
-def step_prompts(run: Run, step: int, n: int | None = None) -> StepRollouts:
-    """Step 1: the next M prompts (data.PromptSampler's seeded epochs, or MoPPS's choice:
-    --prompt-selection), tokenised once per prompt (not per rollout). n: another count (a DAPO block)."""
-    args = run.args
-    prompt_idx = run.sampler.next(n or args.prompts_per_step)
-    prompts = [format_prompt(run.train_set[j]["question"], run.tokenizer, args) for j in prompt_idx]
-    return StepRollouts(step, prompt_idx, run.tokenizer(prompts, add_special_tokens=False)["input_ids"],
-                        [run.train_set[j]["answer"] for j in prompt_idx], prompts)
-
-
-def dapo_rollouts(run: Run, step: int):
-    """Steps 1-4 with --dynamic-sampling (DAPO §3.2; dynamic_sampling.py): blocks of K prompts x G
-    rollouts (K = --gen-batch-size, verl's data.gen_batch_size; default M), each the next K prompts of
-    the order uniform GRPO's steps take, until M groups carry signal (or the block limit). Returns the
-    kept groups as (StepRollouts, completion ids, rewards, sampler log-probs) and the DynamicBatch.
-    Block b of the run samples with uniform's step-b seed (at K = M, also its step-b prompts)."""
-    args, M = run.args, run.args.prompts_per_step
+def dapo_rollouts(run: Run, step: int) -> StepBatch:
+    """Steps 1-4 with --dynamic-sampling (DAPO §3.2, a baseline): blocks of K prompts x G rollouts (K =
+    --gen-batch-size, verl's data.gen_batch_size; default M), each the next K prompts of uniform GRPO's
+    order with uniform's seed for that step (at K = M, also its prompts), until M groups carry signal or
+    the block limit (dynamic_sampling.dapo_rollouts). The kept groups are the batch, their p_i the
+    tracker's as logged. One process only (cli refuses it under torchrun)."""
+    args, tracker, blocks, vstats = run.args, run.tracker, run.counters.get("blocks", 0), verify.VerifyStats()
+    M = args.prompts_per_step
     K = args.gen_batch_size or M
     budgets = allocate.uniform_budgets(K, K * args.total_budget // M)  # G each (B_total = M * G; cli checks K B_total / M)
-    ends = np.cumsum(budgets).tolist()
-    limit = args.max_num_gen_batches if args.max_num_gen_batches > 0 else None  # verl: 0 or less is no limit
-    if args.max_rollouts is not None:  # departure (2): no more blocks than the rollout budget has left
-        left = (args.max_rollouts - run.counters["rollouts"]) // sum(budgets)
-        limit = left if limit is None else min(limit, left)
-    vstats, seconds = verify.VerifyStats(), []
 
-    def next_block(b: int) -> list:
-        roll = step_prompts(run, run.counters.get("blocks", 0) + b, K)
-        roll.vstats = vstats
-        ids, rewards = sample_and_reward(run, roll, budgets, round_=0)
-        lps = roll.sampler_lps[0]
-        seconds.append(roll.gen_seconds)
-        return [dynamic_sampling.Group(j, rewards[e - B:e], (roll.prompt_tok_m[k], roll.answers_m[k],
-                                                             roll.prompts[k], ids[e - B:e], lps[e - B:e]))
-                for k, (j, B, e) in enumerate(zip(roll.prompt_idx, budgets, ends))]
+    def sample_block(b: int) -> tuple:  # block b of this update is the run's block blocks + b
+        roll = step_prompts(run, blocks + b, K)
+        roll.vstats = vstats  # one count over the update's blocks
+        return (roll, *sample_and_reward(run, roll, budgets, round_=0))
 
-    dyn = dynamic_sampling.dynamic_sample(next_block, M, limit)
-    run.counters["blocks"] = run.counters.get("blocks", 0) + dyn.blocks
-    kept = dyn.kept
-    roll = StepRollouts(step, [g.prompt for g in kept], [g.payload[0] for g in kept], [g.payload[1] for g in kept],
-                        [g.payload[2] for g in kept], vstats, sum(seconds))
-    return (roll, [c for g in kept for c in g.payload[3]], [r for g in kept for r in g.rewards],
-            [lp for g in kept for lp in g.payload[4]], dyn)
-
-
-def evaluate_inside(run: Run, step: int, before: int, after: int) -> None:
-    """--eval-every-rollouts points X with before < X < after, i.e. inside this step's generation (a
-    DAPO update of several blocks): the policy at X is the one before this update, which has spent
-    those rollouts but not learnt from them yet. Logged with this update's step number, so a resume
-    from the checkpoint before it drops them with the step (checkpoint.truncate_log)."""
-    E = run.args.eval_every_rollouts
-    if E:
-        for X in range((before // E + 1) * E, after, E):
-            run_eval(run, step + 1, extra={"rollouts": X, "before_update": True})
+    left = None if args.max_rollouts is None else args.max_rollouts - run.counters["rollouts"]
+    dyn = dynamic_sampling.dapo_rollouts(sample_block, M, budgets, args.max_num_gen_batches, left)
+    run.counters["blocks"] = blocks + dyn.blocks
+    kept = dyn.kept_rows()
+    roll = StepRollouts(step, kept["prompt_idx"], kept["prompt_tok_m"], kept["answers_m"], kept["prompts"], vstats,
+                        dyn.gen_seconds)
+    p = tracker.pass_rates(roll.prompt_idx)
+    alloc = Allocation(p, tracker.seen(roll.prompt_idx), kept["budgets"], coba.resolve_tau(args.tau, p) if len(p) else 0.0)
+    return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), kept["completion_ids"], kept["rewards"],
+                     [len(c) for c in kept["completion_ids"]], kept["lp_rows"], dapo=dyn)
 
 
 def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, group_ids, lp_rows,
@@ -637,107 +396,92 @@ def learn(run: Run, step: int, roll: StepRollouts, completion_ids, rewards, grou
             adv_stats)
 
 
-def spent_stats(dyn, rewards: torch.Tensor, stats: dict) -> dict:
-    """The log's reward and zero-signal fields over every rollout this step spent: the batch, or
-    with DAPO every generated group (dropped ones included), plus DAPO's own counts."""
-    if dyn is None:  # stats: grpo.group_advantages' over the batch
-        n_groups, zero_groups, zero_rollouts = stats["num_groups"], stats["zero_signal_groups"], stats["zero_signal_rollouts"]
-        extra = {"step_rollouts": len(rewards), "step_groups": n_groups}
-    else:
-        rewards = torch.tensor([r for g in dyn.generated for r in g.rewards], dtype=torch.float32)
-        n_groups, zero_groups, zero_rollouts = len(dyn.generated), dyn.zero_signal_groups, dyn.zero_signal_rollouts
-        extra = {"step_rollouts": dyn.rollouts, "step_groups": n_groups, "dapo_blocks": dyn.blocks,
-                 "dapo_kept_groups": len(dyn.kept), "dapo_surplus_groups": dyn.surplus_groups,
-                 "dapo_partial": dyn.partial}
-    return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "frac_reward_zero_std": zero_groups / n_groups, "zero_signal_groups": zero_groups,
-            "zero_signal_rollouts": zero_rollouts, **extra}
+def stop_if_nonfinite(run: Run, step: int, metrics: dict) -> None:
+    """Stop before a NaN/inf state can reach a checkpoint: the last one saved stays finite."""
+    bad = nonfinite(metrics, run.model)
+    if bad:
+        last = find_checkpoint(run.out)
+        kept = f"{last.name} is finite and kept" if last else "no checkpoint was saved yet"
+        message = (f"step {step + 1} made the {', '.join(bad)} non-finite (NaN/inf); {kept}: lower "
+                   f"--learning-rate ({run.args.learning_rate}) and start again with --overwrite")
+        run.write({"type": "error", "step": step + 1, "error": message, "nonfinite": bad})
+        run.log.close()
+        raise SystemExit(f"error: {message}")
 
 
-def over_ranks(roll: StepRollouts) -> dict:
-    """The step's generation time and verifier counts over every rank, like the rest of its record
-    (rank 0's own alone before issue 41). A collective: every rank calls it. verify_timeouts and
-    verify_errors are SUMMED: each rank verified only its own rows, so the sum counts each rollout
-    once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
-    step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
-    parts = dist.gather_object((roll.gen_seconds, roll.vstats.timeouts, roll.vstats.errors))  # one triple per rank
-    return {"gen_seconds": round(max(p[0] for p in parts), 3), "verify_timeouts": sum(p[1] for p in parts),
-            "verify_errors": sum(p[2] for p in parts)}
+def spent_stats(got: StepBatch, rewards: torch.Tensor, stats: dict) -> dict:
+    """The log's reward and zero-signal fields over every rollout this step spent: the batch
+    (stats: grpo.group_advantages' over it), or with DAPO every generated group, dropped ones
+    included, with DAPO's own counts (dynamic_sampling.DynamicBatch.accounting)."""
+    if got.dapo is not None:
+        rewards = torch.tensor(got.dapo.spent_rewards, dtype=torch.float32)
+    spent = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0}
+    if got.dapo is not None:
+        return {**spent, **got.dapo.accounting()}
+    n_groups = stats["num_groups"]
+    return {**spent, "frac_reward_zero_std": stats["zero_signal_groups"] / n_groups,
+            "zero_signal_groups": stats["zero_signal_groups"], "zero_signal_rollouts": stats["zero_signal_rollouts"],
+            "step_rollouts": len(rewards), "step_groups": n_groups}
 
 
 def rl_step(run: Run, step: int) -> dict:
-    """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record."""
+    """One RL step (0-based `step`), in the order of docs/method-sources.md §3; returns its JSONL record. Steps 1-4
+    are the paper's or an arm's (one call each): DAPO's refill, our --probe; MoPPS draws the prompts
+    (run.sampler), and the coba-oracle diagnostic the pass rates (step_pass_rates)."""
     args, tracker = run.args, run.tracker
-    t0, before, dyn, oracle = time.time(), run.counters["rollouts"], None, {}
+    t0, before = time.time(), run.counters["rollouts"]
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
     if args.dynamic_sampling:  # DAPO's arm (a baseline): steps 1-4 in blocks until M groups carry signal
-        roll, completion_ids, reward_list, lp_rows, dyn = dapo_rollouts(run, step)
-        p = tracker.pass_rates(roll.prompt_idx)
-        alloc = Allocation(p, tracker.seen(roll.prompt_idx), [len(g.rewards) for g in dyn.kept],
-                           coba.resolve_tau(args.tau, p) if len(p) else 0.0)
+        got = dapo_rollouts(run, step)
     else:
-        # 1. sample M prompts
+        # 1. sample M prompts (the seed's order, or MoPPS's Thompson draws: --prompt-selection mopps)
         roll = step_prompts(run, step)
-        # 2. allocate budgets from the tracker: p_i of the last visits, alpha_t and beta_t (eqs. 3-9)
         if args.probe:  # (ours, not the paper) steps 2-4 with B_low probe rollouts per prompt first
-            alloc, completion_ids, reward_list, lp_rows = probe_then_allocate(run, roll, alpha_t, beta_t)
+            got = probe_then_allocate(run, roll, alpha_t, beta_t)
         else:
-            if args.pass_rate_source == "oracle":  # (ours, a diagnostic) p_i from K fresh rollouts, not trained on
-                p, oracle = oracle_pass_rates(run, roll)
-                M = len(p)
-                alloc = allocate_step(args, p, np.ones(M, dtype=bool), (p, np.full(M, args.oracle_samples)),
-                                      alpha_t, beta_t)
-            else:
-                alloc = allocate_step(args, tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx),
-                                      tracker.knapsack_stats(roll.prompt_idx), alpha_t, beta_t)
+            # 2. allocate B_i from p_i (the last visits'; the oracle's: --pass-rate-source), alpha_t, beta_t (eqs. 3-9)
+            pass_rates, seen, knapsack_stats, extra = step_pass_rates(run, roll)
+            alloc = allocate_step(args, pass_rates, seen, knapsack_stats, alpha_t, beta_t)
             # 3.-4. generate B_i completions for prompt i and reward them (under torchrun: this rank's groups)
-            alloc.budgets = dist.broadcast_object(alloc.budgets)  # rank 0's: one allocation for all ranks
-            share = dist.Share.of(alloc.budgets)
-            completion_ids, reward_list, row_lengths = sample_share(run, roll, share)
-            lp_rows = roll.sampler_lps[0]
-    prompt_idx, budgets, M = roll.prompt_idx, alloc.budgets, len(roll.prompt_idx)
-    if args.probe or dyn is not None:  # one process only (main refuses them under torchrun): every row is here
-        share, row_lengths = dist.Share.of(budgets), [len(c) for c in completion_ids]
+            got = sample_share(run, roll, alloc, extra)
+    roll, alloc, budgets = got.roll, got.alloc, got.alloc.budgets
     group_ids = torch.tensor([i for i, B in enumerate(budgets) for _ in range(B)], dtype=torch.long)  # (N,) prompt of each row
-    rewards = torch.tensor(reward_list, dtype=torch.float32)  # (N,)
-    successes = torch.zeros(M).index_add_(0, group_ids, rewards)  # (M,)
-    # 5. update the tracker (pass rates and F_t for the next allocation, eqs. 1, 4) and MoPPS's
-    # posteriors: each group generated is a visit (with DAPO the dropped ones too, in generation order)
-    if dyn is None:  # prompt-major; Knapsack-RL's p_hat reads them in order
-        visits = (prompt_idx, successes.tolist(), budgets, [r.tolist() for r in rewards.split(budgets)])
-    else:
-        visits = ([g.prompt for g in dyn.generated], [float(sum(g.rewards)) for g in dyn.generated],
-                  [len(g.rewards) for g in dyn.generated], [list(g.rewards) for g in dyn.generated])
+    rewards = torch.tensor(got.rewards, dtype=torch.float32)  # (N,)
+    successes = torch.zeros(len(budgets)).index_add_(0, group_ids, rewards)  # (M,)
+    # 5. update the tracker (pass rates and F_t for the next allocation, eqs. 1, 4) and MoPPS's posteriors:
+    # each group generated is a visit, prompt-major (Knapsack-RL's p_hat reads them in order); with DAPO
+    # every generated group, the dropped ones too, in generation order
+    visits = got.dapo.visits() if got.dapo is not None else (
+        roll.prompt_idx, successes.tolist(), budgets, [r.tolist() for r in rewards.split(budgets)])
     tracker.update(*visits[:3], rewards=visits[3])
     run.sampler.record(*visits[:3])
-    run.counters["rollouts"] += dyn.rollouts if dyn is not None else len(reward_list)  # all ranks' N
+    run.counters["rollouts"] += got.dapo.rollouts if got.dapo is not None else len(got.rewards)  # all ranks' N
     evaluate_inside(run, step, before, run.counters["rollouts"])
     # 6.-7. group advantages on ragged groups; clipped surrogate, mini-batch optimizer steps
-    metrics, lengths, adv_stats = learn(run, step, roll, completion_ids, rewards, group_ids, lp_rows, share,
-                                        row_lengths)
+    metrics, lengths, adv_stats = learn(run, step, roll, got.completion_ids, rewards, group_ids, got.lp_rows,
+                                        got.share, got.row_lengths)
     # 8. log
     run.counters["seconds"] += time.time() - t0
+    if run.reporter is not None and args.log_completions and got.completion_ids:  # a few rows to completions.jsonl
+        run.reporter.log_completions(tracking.step_completions(step + 1, got, run.tokenizer, args.log_completions))
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
-    if run.reporter is not None and args.log_completions and completion_ids:  # a few rows to completions.jsonl
-        own, rows = share.owned[share.rank], share.rows()  # rank 0 writes: its own groups (all, in one process)
-        run.reporter.log_completions(tracking.completion_rows(step + 1, [prompt_idx[i] for i in own],
-            [roll.prompts[i] for i in own], [roll.answers_m[i] for i in own], completion_ids,
-            [reward_list[r] for r in rows.tolist()], [budgets[i] for i in own], alloc.pass_rates[own],
-            run.tokenizer, args.log_completions))
     theta = getattr(run.sampler, "last_draws", None)  # MoPPS: the chosen prompts' Thompson draws
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
-        **spent_stats(dyn, rewards, adv_stats),
+        **spent_stats(got, rewards, adv_stats),
         "F_t": tracker.history[-1], "F_bar": tracker.f_bar, "alpha_t": alpha_t, "beta_t": beta_t,
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
-        "prompt_idx": prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **share.record(),
+        "prompt_idx": roll.prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **got.share.record(),
         **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
-        **over_ranks(roll), **oracle, **metrics,
+        **dist.over_ranks(roll), **got.extra, **metrics,
     }
 
 
+# ----------------------------------------------------------------------------------------------
+# The run: rl_step once per step, evaluating and checkpointing between steps; main
+# ----------------------------------------------------------------------------------------------
 def train(args) -> dict:
     """Run the whole job in OUTPUT_DIR, locked against a second run meanwhile; returns the summary
     dict (also the last line of the JSONL log)."""
@@ -752,17 +496,6 @@ def train(args) -> dict:
                   f"(or --max-rollouts) to extend it")
             return summary
         return run_training(args, out, resume_from)
-
-
-def finished_summary(out: Path, resume_from: Path | None, args) -> dict | None:
-    """The summary of a run that these flags would not extend: its newest checkpoint is its last step,
-    at --steps, or with its --max-rollouts spent (DAPO's arm ends on rollouts). None otherwise."""
-    step = checkpoint_step(resume_from) if resume_from is not None else None
-    summary = next((r for r in read_log(out / "log.jsonl") if r.get("type") == "summary"), None)
-    if step is None or summary is None or summary.get("step", step) != step:
-        return None
-    spent = args.max_rollouts is not None and summary.get("rollouts", 0) >= args.max_rollouts
-    return summary if step == args.steps or spent else None
 
 
 def budget_spent(args, counters: dict) -> bool:
@@ -788,9 +521,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
             bar.set_postfix(reward=f"{record['reward']:.3f}", F=f"{record['F_t']:.2f}", a=f"{record['alpha_t']:.2f}")
             done = step + 1
             finished = done == args.steps or budget_spent(args, run.counters)
-            E = args.eval_every_rollouts  # (--eval-every-rollouts replaces --eval-every: cli.check_arm_flags)
-            if not finished and ((args.eval_every and done % args.eval_every == 0)
-                                 or (E and run.counters["rollouts"] % E == 0)):
+            if not finished and eval_due(args, done, run.counters["rollouts"]):  # (the last one: below)
                 run_eval(run, done)
             if dist.any_rank(interrupt.requested) and not interrupt.requested:  # another rank's signal
                 interrupt.requested, interrupt.signum = True, signal.SIGTERM
@@ -801,14 +532,7 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
                 print(f"stopped after step {done}; checkpoint in {saved}; continue with --resume", file=sys.stderr)
                 run.log.close()
                 return {"interrupted": True, "step": done, "exit_code": interrupt.exit_code}
-    # Resumed after a crash during the final evaluation, the log may hold it already: not twice.
-    evals = dist.on_rank0(lambda: [r for r in read_log(out / "log.jsonl") if r.get("type") == "eval"])
-    final = (next((r for r in evals if r["step"] == done and not r.get("before_update")), None)
-             or run_eval(run, done))
-    summary = {"type": "summary", "step": done, "rollouts": run.counters["rollouts"],
-               "train_seconds": round(run.counters["seconds"], 1),
-               "eval_seconds": round(sum(r.get("eval_seconds", 0.0) for r in evals + [final] * (final not in evals)), 1),
-               **start_end((evals or [final])[0], final, args.eval_samples)}
+    summary = final_summary(run, done)  # the final evaluation, and the first and final accuracies
     run.write(summary)
     run.log.close()
     if dist.current().main:
@@ -817,72 +541,11 @@ def run_training(args, out: Path, resume_from: Path | None) -> dict:
     return summary
 
 
-
-def start_end(first: dict, final: dict, k: int) -> dict:
-    """The summary's accuracies at the first and the final evaluation. The paper's metric first:
-    heldout_avg@k (k samples at T = 1.0, top-p 0.9; + _se) and eval_mean_avg@k over benchmarks; then
-    greedy heldout_acc (other code reads heldout_acc_start/_end) and pass@k. None: no such set."""
-    keys = [f"heldout_avg@{k}", f"heldout_avg@{k}_se", "heldout_acc", f"heldout_pass@{k}"] if k else ["heldout_acc"]
-    keys += [key for key in (f"eval_mean_avg@{k}" if k else "eval_mean_acc",) if key in final]
-    return {f"{key}_{when}": r.get(key) for key in keys for when, r in (("start", first), ("end", final))}
-
-
-def eval_only(args) -> dict:
-    """--eval-only: evaluate --model (a name, or a checkpoint directory, which from_pretrained reads)
-    on the eval sets, the paper's way (avg@k at T = 1.0, top-p 0.9), without training: OUTPUT_DIR/log.jsonl
-    gets a config line and one eval record (eval_only: true); no optimizer, no checkpoint. For the base
-    model's numbers before a run, or a finished checkpoint's after."""
-    out = Path(args.output_dir)  # a folder, not empty, no symlinked run file (cli.check_path_flags)
-    out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out), progress_bars(not args.no_progress):
-        prepare_run_dir(out, args)  # a directory that holds a run is refused unless --overwrite
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
-        torch.manual_seed(args.seed)
-        counts = {"skipped_rows": 0, "skipped_long_prompts": 0}
-        _, eval_sets = load_data(args, counts, need_train=False)
-        model, tokenizer, model_path = load_model_and_tokenizer(args, device, torch.float32)
-        fit_prompt_length([], eval_sets, tokenizer, args, counts, need_train=False)
-        if not eval_sets:
-            raise SystemExit("error: --eval-only has nothing to evaluate: pass --eval-datasets NAME, "
-                             "--eval-files PATH, or --eval-size > 0")
-        model.eval()
-        amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-        run = Run(args, out, model, tokenizer, None, None, None, None, None,
-                  VLLMGenerator(args, model_path) if args.use_vllm else None, [], eval_sets, device, amp,
-                  counters={"rollouts": 0, "seconds": 0.0})
-        run.log = (out / "log.jsonl").open("w")
-        run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,
-                   "device": str(device), **counts})
-        record = run_eval(run, 0, extra={"eval_only": True, "model": args.model,
-                                         "problems": {name: len(r) for name, r in eval_sets.items()}})
-        run.log.close()
-    print(eval_table(record, list(eval_sets), args.eval_samples))
-    return record
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
-    if dist.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        # One process only, for now: --probe's and DAPO's extra generation rounds are not split by a
-        # Share; MoPPS and LoRA have no torchrun test yet (MoPPS's draws are seeded and its posteriors
-        # read the gathered rewards, but untested; LoRA's random A would also need rank 0's broadcast).
-        for flag, on in (("--probe", args.probe), ("--eval-only", args.eval_only),
-                         ("--dynamic-sampling", args.dynamic_sampling), ("--use-peft", args.use_peft),
-                         ("--prompt-selection mopps", args.prompt_selection == "mopps"),
-                         ("--pass-rate-source oracle", args.pass_rate_source == "oracle")):
-            if on:
-                raise SystemExit(f"error: {flag} runs in one process: drop it, or run python train.py without torchrun")
-    if args.fsdp and not dist.launched_by_torchrun():
-        raise SystemExit("error: --fsdp shards the model over torchrun's processes: launch with "
-                         "torchrun --nproc_per_node N train.py ... --fsdp, or drop --fsdp")
-    if args.fsdp and int(os.environ.get("WORLD_SIZE", 1)) > args.prompts_per_step:
-        raise SystemExit(f"error: --fsdp needs a group on every rank: --prompts-per-step {args.prompts_per_step} is "
-                         f"fewer than the {os.environ['WORLD_SIZE']} processes; raise it or launch fewer")
+    check_launch(args)  # what torchrun's processes do not run (yet): one line, before any process group
     ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not ranks.main:  # one set of progress bars: rank 0's
         args.no_progress = True

@@ -26,6 +26,7 @@ import coba
 import compare
 import data
 import dynamic_sampling
+import stats
 import train
 from dynamic_sampling import Group
 from test_arms import check_arm, run_arm
@@ -381,12 +382,12 @@ def test_table_counts_updates_where_arms_differ():
                 "zero_signal_group_share": 0.1, "zero_signal_rollout_share": 0.1, "train_seconds": 1.0,
                 "prompts_at_min_budget": 1.0, "updates": updates, "blocks": blocks, "total_rollouts": 64}
     runs = [run("uniform", s, 2, 2) for s in (0, 1)] + [run("dapo", 0, 1, 2), run("dapo", 1, 2, 2)]
-    summary, diffs = compare.compare_arms(runs)
-    table = compare.markdown_table(summary, diffs, "avg@8", footer=compare.arm_notes(summary))
+    summary, diffs = stats.compare_arms(runs)
+    table = stats.markdown_table(summary, diffs, "avg@8", footer=compare.arm_notes(summary))
     lines = table.splitlines()
     assert lines[0].endswith("updates (same rollouts) |") and lines[2].endswith("| 2.0 |")
     assert lines[3].endswith("| 1.5 |")  # dapo: (1 + 2) / 2 updates
     # 2 blocks a run / 1.5 updates = 1.33 blocks per update
     assert "dapo ends at the same total rollouts (64) after 1.5 updates, 1.33 blocks" in table
-    same = compare.markdown_table(*compare.compare_arms([run("uniform", 0, 2, 2), run("coba", 0, 2, 2)]), "avg@8")
+    same = stats.markdown_table(*stats.compare_arms([run("uniform", 0, 2, 2), run("coba", 0, 2, 2)]), "avg@8")
     assert "updates" not in same  # equal steps: no column (the committed tables redraw unchanged)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import compare
+import stats
 
 
 def test_quick_compare_writes_results_plots_and_resumes(tmp_path, toy_model_dir):
@@ -88,19 +89,19 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
 def test_auc_and_rollouts_to_reach_by_hand():
     x, y = np.array([0.0, 100.0, 200.0]), np.array([0.2, 0.4, 0.3])
     # trapezoids: 100*(0.2+0.4)/2 + 100*(0.4+0.3)/2 = 30 + 35 = 65, over a span of 200 -> 0.325
-    assert compare.auc(x, y) == 0.325
-    assert compare.rollouts_to_reach(x, y, 0.35) == 100.0
-    assert compare.rollouts_to_reach(x, y, 0.5) is None
+    assert stats.auc(x, y) == 0.325
+    assert stats.rollouts_to_reach(x, y, 0.35) == 100.0
+    assert stats.rollouts_to_reach(x, y, 0.5) is None
 
 
 def test_paired_t_interval_and_min_detectable_by_hand():
     # d = [1, 2, 3]: mean 2, sd 1, n 3, t_.975,2 = 4.303 -> half width 4.303 / sqrt(3) = 2.4843
-    res = compare.paired_t([1.0, 2.0, 3.0])
+    res = stats.paired_t([1.0, 2.0, 3.0])
     assert res["mean"] == 2.0 and res["sd"] == 1.0
     assert res["lo"] == pytest.approx(2 - 4.303 / math.sqrt(3)) and res["hi"] == pytest.approx(2 + 4.303 / math.sqrt(3))
     # 80% power at n = 5: (t_.975,4 + t_.80,4) * sd / sqrt(5) = (2.776 + 0.941) / sqrt(5)
-    assert compare.min_detectable(1.0, 5) == pytest.approx((2.776 + 0.941) / math.sqrt(5))
-    assert math.isnan(compare.paired_t([1.0])["lo"])
+    assert stats.min_detectable(1.0, 5) == pytest.approx((2.776 + 0.941) / math.sqrt(5))
+    assert math.isnan(stats.paired_t([1.0])["lo"])
 
 
 def test_t_table_matches_the_t_distribution():
@@ -112,20 +113,20 @@ def test_t_table_matches_the_t_distribution():
         return 1 - 0.5 * mpmath.betainc(df / 2, 0.5, 0, x, regularized=True)
 
     for df in (1, 2, 4, 9, 30):
-        assert float(cdf(compare.T975[df - 1], df)) == pytest.approx(0.975, abs=2e-4)
-        assert float(cdf(compare.T80[df - 1], df)) == pytest.approx(0.80, abs=2e-4)
+        assert float(cdf(stats.T975[df - 1], df)) == pytest.approx(0.975, abs=2e-4)
+        assert float(cdf(stats.T80[df - 1], df)) == pytest.approx(0.80, abs=2e-4)
 
 
 def test_rollout_ratio_is_paired_and_censored_runs_say_never():
     def run(arm, seed, acc):
         return {"arm": arm, "seed": seed, "rollouts": [0.0, 100.0, 200.0], "acc": acc, "final_acc": acc[-1],
-                "auc": compare.auc(np.array([0.0, 100.0, 200.0]), np.array(acc)), "zero_signal_group_share": 0,
+                "auc": stats.auc(np.array([0.0, 100.0, 200.0]), np.array(acc)), "zero_signal_group_share": 0,
                 "zero_signal_rollout_share": 0, "train_seconds": 1, "prompts_at_min_budget": 0}
 
     runs = [run("uniform", 0, [0.1, 0.2, 0.3]), run("uniform", 1, [0.1, 0.2, 0.3]),
             run("fast", 0, [0.1, 0.3, 0.3]), run("fast", 1, [0.1, 0.3, 0.4]),
             run("slow", 0, [0.1, 0.2, 0.2]), run("slow", 1, [0.1, 0.2, 0.3])]
-    summary, diffs = compare.compare_arms(runs)
+    summary, diffs = stats.compare_arms(runs)
     d = {x["arm"]: x for x in diffs}
     # target 0.3: uniform reaches it at 200 on both seeds, "fast" at 100 -> ratio 0.5 on both
     assert d["fast"]["rollout_ratio"]["geo_mean"] == pytest.approx(0.5)
@@ -138,10 +139,10 @@ def test_signal_prompts_is_the_effective_number_of_signal_groups_by_hand():
     signal groups of 8 -> 3; mean 2.5. Unequal groups count less than their number: 32 and 8 -> 1.47."""
     steps = [{"budgets": [32, 32, 2, 2], "group_reward": [0.5, 0.25, 0.0, 1.0]},
              {"budgets": [8, 8, 8, 8], "group_reward": [0.5, 0.125, 0.875, 0.0]}]
-    assert compare.signal_prompts(steps) == pytest.approx(2.5)
-    assert compare.signal_prompts([{"budgets": [32, 8], "group_reward": [0.5, 0.5]}]) == pytest.approx(40 ** 2 / (32 ** 2 + 8 ** 2))
-    assert compare.signal_prompts([{"budgets": [4, 4], "group_reward": [0.0, 1.0]}]) == 0.0
-    assert compare.signal_prompts([{"budgets": [4, 4]}]) is None  # a log from before group rewards
+    assert stats.signal_prompts(steps) == pytest.approx(2.5)
+    assert stats.signal_prompts([{"budgets": [32, 8], "group_reward": [0.5, 0.5]}]) == pytest.approx(40 ** 2 / (32 ** 2 + 8 ** 2))
+    assert stats.signal_prompts([{"budgets": [4, 4], "group_reward": [0.0, 1.0]}]) == 0.0
+    assert stats.signal_prompts([{"budgets": [4, 4]}]) is None  # a log from before group rewards
 
 
 def test_rollout_ratio_when_uniform_starts_above_its_final_value_says_so():
@@ -149,19 +150,19 @@ def test_rollout_ratio_when_uniform_starts_above_its_final_value_says_so():
     no speed-up can be measured, and the table must not print a ratio of 1."""
     def run(arm, seed, acc):
         return {"arm": arm, "seed": seed, "rollouts": [0.0, 100.0, 200.0], "acc": acc, "final_acc": acc[-1],
-                "auc": compare.auc(np.array([0.0, 100.0, 200.0]), np.array(acc)), "zero_signal_group_share": 0,
+                "auc": stats.auc(np.array([0.0, 100.0, 200.0]), np.array(acc)), "zero_signal_group_share": 0,
                 "zero_signal_rollout_share": 0, "train_seconds": 1, "prompts_at_min_budget": 0}
 
     runs = [run("uniform", 0, [0.6, 0.58, 0.56]), run("uniform", 1, [0.6, 0.57, 0.55]),
             run("coba", 0, [0.6, 0.55, 0.54]), run("coba", 1, [0.6, 0.56, 0.53])]
-    summary, diffs = compare.compare_arms(runs)
+    summary, diffs = stats.compare_arms(runs)
     r = diffs[0]["rollout_ratio"]
     assert r["geo_mean"] is None and r["at_start"] == 2
-    table = compare.markdown_table(summary, diffs, metric="avg@8")
+    table = stats.markdown_table(summary, diffs, metric="avg@8")
     assert "n/a: uniform starts at or above its final value on 2 seeds" in table and "1.00" not in table
     assert "prompts carrying signal" not in table  # these runs have no signal_prompts: no column
     runs = [{**r, "signal_prompts": 16.0 if r["arm"] == "uniform" else 7.5} for r in runs]
-    table = compare.markdown_table(*compare.compare_arms(runs), metric="avg@8")
+    table = stats.markdown_table(*stats.compare_arms(runs), metric="avg@8")
     assert "prompts carrying signal per step (effective) |" in table
     assert table.splitlines()[2].endswith("| 16.0 |") and table.splitlines()[3].endswith("| 7.5 |")
 
@@ -388,7 +389,7 @@ def test_primary_metric_secondaries_and_evaluation_noise_by_hand():
     def run(arm, seed, avg, greedy, passk, se=0.01):
         x = [0.0, 100.0]
         return {"arm": arm, "seed": seed, "metric": "avg@8", "heldout_n": 100, "rollouts": x, "acc": avg,
-                "final_acc": avg[-1], "start_acc": avg[0], "auc": compare.auc(np.array(x), np.array(avg)),
+                "final_acc": avg[-1], "start_acc": avg[0], "auc": stats.auc(np.array(x), np.array(avg)),
                 "greedy": greedy, "final_greedy": greedy[-1], "pass_k": 8, "pass": passk, "final_pass": passk[-1],
                 "avg_se": [se, se], "zero_signal_group_share": 0, "zero_signal_rollout_share": 0,
                 "train_seconds": 1, "prompts_at_min_budget": 0}
@@ -397,18 +398,18 @@ def test_primary_metric_secondaries_and_evaluation_noise_by_hand():
             run("coba", 0, [0.2, 0.4], [0.3, 0.3], [0.5, 0.7]), run("coba", 1, [0.2, 0.2], [0.3, 0.5], [0.5, 0.7], 0.02)]
     view, metric, note = compare.table_view(runs)
     assert (metric, note) == ("avg@8", None) and view == runs
-    summary, diffs = compare.compare_arms(view)
+    summary, diffs = stats.compare_arms(view)
     d = diffs[0]
     assert d["final_acc"]["mean"] == pytest.approx(0.0)  # avg@8: +0.1 and -0.1
     assert d["final_greedy"]["mean"] == pytest.approx(0.0) and d["final_pass"]["mean"] == pytest.approx(0.1)
-    footer = compare.evaluation_noise(view, metric, 100)
+    footer = stats.evaluation_noise(view, metric, 100)
     assert "0.0100 to 0.0200, median 0.0100" in footer[0]
     # greedy at p = mean final greedy 0.4: sqrt(0.4 * 0.6 / 100) = 0.0490
     assert "sqrt(p(1-p)/n) = 0.0490 at p = 0.400" in footer[1]
-    table = compare.markdown_table(summary, diffs, metric, 8, footer)
+    table = stats.markdown_table(summary, diffs, metric, 8, footer)
     assert "| coba | 0.300 ± 0.100 |" in table and "| 0.400 (" in table and "| 0.700 (+0.100 [+0.100, +0.100]) |" in table
     # without the logged SE: the bounds at p = 0.3 (mean final avg@8), n = 100, k = 8
-    bounds = compare.evaluation_noise([{**r, "avg_se": None} for r in view], metric, 100)[0]
+    bounds = stats.evaluation_noise([{**r, "avg_se": None} for r in view], metric, 100)[0]
     assert f"{math.sqrt(0.21 / 800):.4f}" in bounds and f"{math.sqrt(0.21 / 100):.4f}" in bounds
     # a greedy-only run among them (runs.jsonl before issue 19): every run falls back to greedy
     old = {k: v for k, v in runs[0].items() if k not in ("metric", "greedy", "final_greedy", "pass", "final_pass",

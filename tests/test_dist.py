@@ -275,7 +275,7 @@ def test_step_record_sums_verifier_counts_and_takes_the_slowest_generation(monke
     mine = train.StepRollouts(0, [], [], [], vstats=verify.VerifyStats(timeouts=1, errors=0), gen_seconds=1.25)
     other = (2.5, 3, 2)  # rank 1's (gen_seconds, timeouts, errors)
     monkeypatch.setattr(dist, "gather_object", lambda obj: [obj, other])
-    assert train.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
+    assert dist.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
 
 
 def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
@@ -284,7 +284,7 @@ def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
     import contextlib
     import types
 
-    import train
+    import evaluate
 
     asked = []
 
@@ -296,9 +296,9 @@ def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
     monkeypatch.setattr(torch.random, "fork_rng", fork_rng)
     run = types.SimpleNamespace(args=types.SimpleNamespace(seed=0, eval_samples=0), counters={"rollouts": 0},
                                 eval_sets={}, device=torch.device("cuda", 1), write=lambda record: None)
-    train.run_eval(run, 0)
+    evaluate.run_eval(run, 0)
     run.device = torch.device("cpu")
-    train.run_eval(run, 0)
+    evaluate.run_eval(run, 0)
     assert asked == [[torch.device("cuda", 1)], []]
 
 
@@ -307,6 +307,7 @@ def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_di
     are its own draws, not rank 0's again), and inside every evaluation; rank 0 keeps --seed, so one
     process is unchanged. In one process, with dist.current() standing in for rank 0 and rank 1 of 2;
     a stand-in evaluation records the draws it would sample from."""
+    import evaluate
     import train
 
     def draws(rank: int):
@@ -316,9 +317,9 @@ def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_di
         ap = train.build_parser()
         args = train.resolve_args(ap.parse_args(BASE + ["--steps", "1", "--seed", "3", "--output-dir", str(out)]), ap)
         seen = []
-        monkeypatch.setattr(train, "evaluate", lambda *a, **k: seen.append(torch.rand(2)) or {"acc": 0.0})
+        monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: seen.append(torch.rand(2)) or {"acc": 0.0})
         run, _ = train.setup(args, out, None)  # its step-0 evaluation included
-        train.run_eval(run, 1)
+        evaluate.run_eval(run, 1)
         return torch.rand(2), seen  # the next draw of training (HF sampling), and the evaluations'
 
     def seeded(seed: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ import datasets
 import pytest
 
 import data
+import evaluate
 import train
 import verify
 
@@ -218,14 +219,14 @@ def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
     """eval_mean_avg@k is the plain mean over the benchmark sets (Table 1's Avg.); the held-out split
     is not a benchmark and stays out of it."""
     fixed = {"heldout": 0.9, "aime24": 0.1, "math500": 0.4}
-    monkeypatch.setattr(train, "evaluate", lambda model, tok, records, args, gen: {
+    monkeypatch.setattr(evaluate, "evaluate", lambda model, tok, records, args, gen: {
         "acc": fixed[records[0]["name"]], "avg@4": fixed[records[0]["name"]] / 2})
     written = []
     run = train.Run(train.argparse.Namespace(eval_samples=4, seed=0), None, None, None, None, None, None, None, None,
                     None, [], {name: [{"name": name}] for name in fixed}, None, train.contextlib.nullcontext,
                     counters={"rollouts": 7, "seconds": 0.0})
     run.write = written.append
-    record = train.run_eval(run, 3)
+    record = evaluate.run_eval(run, 3)
     assert written == [record] and record["step"] == 3 and record["rollouts"] == 7
     assert record["eval_mean_avg@4"] == pytest.approx((0.05 + 0.2) / 2)
     assert record["heldout_avg@4"] == pytest.approx(0.45) and "eval_mean_acc" not in record

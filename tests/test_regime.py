@@ -20,6 +20,8 @@ import pytest
 
 import checkpoint
 import compare
+import evaluate
+import stats
 import train
 from test_step import BASE, FixedRollouts, is_correct
 
@@ -52,16 +54,16 @@ class ScriptedPolicy:
 def test_every_evaluation_logs_accuracy_per_level(tmp_path, toy_model_dir, monkeypatch):
     from toy import build_tokenizer
 
-    real_load_data = train.load_data
+    real_load_data = evaluate.load_data
     seen = {}
 
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
         seen["heldout"] = evals["heldout"]
-        monkeypatch.setattr(train, "generate_groups", ScriptedPolicy(build_tokenizer(), evals["heldout"]))
+        monkeypatch.setattr(evaluate, "generate_groups", ScriptedPolicy(build_tokenizer(), evals["heldout"]))
         return train_set, evals
 
-    monkeypatch.setattr(train, "load_data", load_data)
+    monkeypatch.setattr(evaluate, "load_data", load_data)
     flags = ["--model", "toy", "--dataset", "toy", "--eval-size", "40", "--eval-samples", str(K_EVAL),
              "--eval-only", "--no-progress", "--device", "cpu", "--output-dir", str(tmp_path)]
     record = train.main(flags)
@@ -103,10 +105,10 @@ def test_tables_carry_the_hardest_level_with_a_paired_ci():
             for seed, (u, c) in enumerate([(0.30, 0.40), (0.32, 0.41), (0.28, 0.43)])
             for arm, hard in (("uniform", u), ("coba", c))]
     assert {r["hard_level"] for r in runs} == {4} and runs[1]["final_hard"] == 0.40
-    summary, diffs = compare.compare_arms(runs)
+    summary, diffs = stats.compare_arms(runs)
     d = next(d for d in diffs if d["arm"] == "coba")["final_hard"]
     assert d["mean"] == pytest.approx(np.mean([0.10, 0.09, 0.15])) and d["lo"] > 0
-    table = compare.markdown_table(summary, diffs, "avg@2", 2, hard_label=" (level 4, n = 10)")
+    table = stats.markdown_table(summary, diffs, "avg@2", 2, hard_label=" (level 4, n = 10)")
     assert "final avg@2, hardest level (level 4, n = 10)" in table.splitlines()[0]
     coba_row = next(line for line in table.splitlines() if line.startswith("| coba "))
     assert "0.413 (+0.113 [" in coba_row

@@ -129,7 +129,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
             save(out, 3)
         monkeypatch.setattr(checkpoint, "_save_step_done", lambda what: None)
         found = train.find_checkpoint(out)
-        step = train.checkpoint_step(found)
+        step = checkpoint.checkpoint_step(found)
         assert step == (3 if k >= points.index("rename") else 2), (k, points[k])
         with torch.no_grad():
             first.fill_(-1.0)

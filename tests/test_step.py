@@ -113,7 +113,7 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
                                for h, s in zip(hist, probe)])
         seen = np.ones(M, dtype=bool)
         probe_rewards = [float(is_correct(j, r)) for j in prompt_idx for r in range(args.min_budget)]
-        knapsack_stats = train.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
+        knapsack_stats = coba.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
     tau = coba.resolve_tau(args.tau, pass_rates)  # logged over all M; "adaptive" goes on as is
     budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget, args.min_budget,
                                         args.max_budget, alpha_t, beta_t, "adaptive" if args.tau == "adaptive"

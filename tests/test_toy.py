@@ -196,11 +196,12 @@ def redraw_tolerance(v: float, n: int) -> float:
 
 @pytest.mark.parametrize("name", toy.TOY_MODELS)
 def test_start_accuracies_are_the_recorded_ones(name):
-    """train.evaluate on the default held-out set (256 problems): greedy within GREEDY_FLIPS
+    """evaluate.evaluate on the default held-out set (256 problems): greedy within GREEDY_FLIPS
     problems, avg@8 and pass@8 (T 1.0, top-p 0.9, torch seed 0) within redraw_tolerance."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import evaluate
     import train
 
     path = toy.ensure_toy_model(name)
@@ -212,7 +213,7 @@ def test_start_accuracies_are_the_recorded_ones(name):
     assert len(test) == 256
     torch.manual_seed(0)
     with torch.no_grad():
-        got = train.evaluate(model, tokenizer, test, args)
+        got = evaluate.evaluate(model, tokenizer, test, args)
     want = toy.START[name]
     assert abs(got["acc"] - want["acc"]) * 256 <= GREEDY_FLIPS + 1e-9, (got, want)
     assert abs(got["avg@8"] - want["avg@8"]) <= redraw_tolerance(want["avg@8"], 256 * 8), (got, want)
