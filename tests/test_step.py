@@ -396,9 +396,12 @@ def check_batch_and_update(rec: dict, exp: list[dict], min_ratio_dev: float = 0.
             assert r.get(key) == (None if key not in ref[0] else pytest.approx(ref[0][key], rel=1e-4)), key
         N = len(e["rewards"])
         assert r["num_tokens"] == sum(map(len, e["completions"]))
-        if args.micro_batch_size >= N:  # one micro-batch per mini-batch: metrics are row-weighted means
+        if args.micro_batch_size >= N:  # one micro-batch per mini-batch: metrics are token-weighted means
+            # (each mini-batch's token mean weighted by its share of the step's completion tokens: their
+            # sum is the token mean over the whole step, however the rows are split; issue 41.8)
+            tokens = sum(w["metrics"]["num_tokens"] for w in ref)
             for key in ("ratio_mean", "clip_frac", "kl"):
-                want = sum(w["metrics"][key] * len(w["rows"]) / N for w in ref)
+                want = sum(w["metrics"][key] * w["metrics"]["num_tokens"] / tokens for w in ref)
                 assert r[key] == pytest.approx(want, rel=1e-4, abs=1e-6), key
         assert r["loss"] == pytest.approx(np.mean([w["loss"] for w in ref]), rel=2e-4, abs=1e-6), s
 
