@@ -111,7 +111,7 @@ def run_eval(run, step: int, extra: dict | None = None) -> dict:
     # model, not by the sampling noise (common random numbers).
     # Only this rank's own device (cuda:LOCAL_RANK under torchrun; --device's) is saved and restored:
     # None would save every visible GPU's RNG, initialising CUDA on each from every rank (issue 41).
-    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[run.device] if run.device is not None and run.device.type == "cuda" else []):
         torch.manual_seed(run.args.seed)
         dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():
