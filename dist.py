@@ -321,6 +321,13 @@ def seed_rank(seed: int) -> None:
         torch.manual_seed(seed * 1_000_003 + r)
 
 
+def own_rng(device: torch.device | None):
+    """torch.random.fork_rng over the CPU and this rank's own device only (cuda:LOCAL_RANK under
+    torchrun; --device's): devices=None would save and restore every visible GPU's RNG, initialising
+    CUDA on each of them from every rank (issue 41). None or a CPU device: the CPU RNG alone."""
+    return torch.random.fork_rng(devices=[device] if device is not None and device.type == "cuda" else [])
+
+
 def on_rank0(fn, *args, **kwargs):
     """Run fn on rank 0 only and hand its result to every rank. A one-line SystemExit of rank 0 (a
     refused --resume, a full disk) is raised on every rank, so all stop with the same message

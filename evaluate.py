@@ -109,9 +109,8 @@ def run_eval(run, step: int, extra: dict | None = None) -> dict:
     # training RNG where it was: a run's rollouts do not depend on --eval-samples or --eval-every
     # (HF generate draws from the global torch RNG), and two evaluations of one run differ by the
     # model, not by the sampling noise (common random numbers).
-    # Only this rank's own device (cuda:LOCAL_RANK under torchrun; --device's) is saved and restored:
-    # None would save every visible GPU's RNG, initialising CUDA on each from every rank (issue 41).
-    with torch.random.fork_rng(devices=[run.device] if run.device is not None and run.device.type == "cuda" else []):
+    # Only this rank's own device is saved and restored (dist.own_rng).
+    with dist.own_rng(run.device):
         torch.manual_seed(run.args.seed)
         dist.seed_rank(run.args.seed)  # under torchrun each rank samples its own share of the problems
         for name, records in run.eval_sets.items():

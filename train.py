@@ -264,10 +264,10 @@ def oracle_pass_rates(run: Run, roll: StepRollouts) -> tuple[np.ndarray, np.ndar
     M, K = len(roll.prompt_idx), args.oracle_samples
     own = StepRollouts(roll.step, roll.prompt_idx, roll.prompt_tok_m, roll.answers_m)  # own stats, kept apart
     oracle_seed = (args.seed * 1_000_003 + roll.step) * 7 + 3  # not any (step, round)'s 2 x (...) + round
-    with torch.random.fork_rng(devices=None if torch.cuda.is_available() else []):
+    with dist.own_rng(run.device):  # this rank's device only, like the evaluation's
         torch.manual_seed(oracle_seed)
         _, rewards = sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
-    p = np.add.reduceat(np.array(rewards, dtype=float), np.arange(0, M * K, K)) / K  # (M,)
+    p = np.array(rewards, dtype=float).reshape(M, K).mean(axis=1)  # (M,) prompt-major rows, K a prompt
     return p, np.ones(M, dtype=bool), (p, np.full(M, K)), {
         "oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
         # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
