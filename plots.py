@@ -469,17 +469,10 @@ def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Rank correlation (ties get their mean rank); nan for fewer than 3 points."""
-    if len(x) < 3:
-        return float("nan")
-    def ranks(v):
-        order = np.argsort(v, kind="stable")
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v))
-        for u in np.unique(v):  # ties: mean rank
-            r[v == u] = r[v == u].mean()
-        return r
-    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+    """Rank correlation (scipy's; ties get their mean rank); nan for fewer than 3 points."""
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic) if len(x) >= 3 else float("nan")
 
 
 def plot_run_safely(run_dir) -> list[Path]:
