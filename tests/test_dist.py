@@ -366,3 +366,29 @@ def test_policy_update_adds_its_metrics_and_the_vllm_gap_over_ranks(monkeypatch,
     assert len(seen) == 2 and "grad_norm" in seen[0]  # the metrics, then the gap's sums
     assert metrics["vllm_logp_gap"] == pytest.approx((own_gap + 3.0) / (own_tokens + 5.0), rel=1e-5)
     assert metrics["loss"] > 9.0  # this rank's loss (|loss| << 1 here) plus the other rank's 10
+
+
+def test_evaluation_gathers_every_ranks_outcomes(monkeypatch, toy_model_dir):
+    """Under torchrun rank r evaluates problems r, r + W, ... and the accuracies are over every rank's
+    outcomes. Rank 0 of 2 in one process: its own 4 of 8 problems are scored wrong (a stand-in verifier),
+    the other rank's 4 right (a stand-in gather): greedy, avg@2 and pass@2 are 4/8, not rank 0's 0."""
+    import evaluate
+    import train
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ap = train.build_parser()
+    args = train.resolve_args(ap.parse_args(["--model", "toy", "--eval-samples", "2", "--no-progress"]), ap)
+    records = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]
+    monkeypatch.setattr(dist, "current", lambda: dist.Ranks(0, 2, 0))
+    monkeypatch.setattr(evaluate.verify, "rewards", lambda texts, answers, **kw: [0.0] * len(texts))
+    gathered = []
+
+    def gather_object(obj):  # rank 0's (greedy, sampled), then rank 1's: all right
+        gathered.append(obj)
+        return [obj, ([1.0] * 4, [1.0] * 8)]
+
+    monkeypatch.setattr(dist, "gather_object", gather_object)
+    model = AutoModelForCausalLM.from_pretrained(toy_model_dir)
+    result = evaluate.evaluate(model, AutoTokenizer.from_pretrained(toy_model_dir), records, args)
+    assert [len(part) for part in gathered[0]] == [4, 8]  # rank 0 evaluated problems 0, 2, 4, 6
+    assert (result["acc"], result["avg@2"], result["pass@2"]) == (0.5, 0.5, 0.5)
