@@ -3,7 +3,7 @@ blocks and dropped groups in the log, rank seeding, metric sums over ranks, and 
 of every forward. A benchmark of the tests (docs/testing.md has the table), not part of CI; not collected
 by pytest (not test_*.py).
 
-    python tests/wiring_mutants.py                      # every mutant, ~15 min on 2 cores
+    python tests/wiring_mutants.py                      # every mutant, ~20 min on 2 cores
     python tests/wiring_mutants.py dapo-kept-count ...  # some
 
 Each mutant replaces one exact line (it must occur once: when the code moves, the mutant says so and
@@ -125,7 +125,8 @@ def run(tree: Path, mid: str, f: str, old: str, new: str, tests: str) -> dict:
                            env={**os.environ, "COBA_CACHE": str(tree / ".cache")})
     finally:
         path.write_text(src)
-    failed = [line.split()[1] for line in p.stdout.splitlines() if line.startswith("FAILED")]
+    # ERROR: a fixture failed (e.g. a two-rank launch crashed), which kills the mutant too
+    failed = [line.split()[1] for line in p.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     return {"id": mid, "file": f, "tests": tests, "killed": p.returncode != 0, "first_failure": failed[:1],
             "seconds": round(time.time() - t0)}
 
