@@ -150,7 +150,7 @@ MODEL_REGIMES = {
 # 128 prompts: 8 steps an epoch, 120 steps), seven evaluations on the 1,024 held-out problems. The
 # learning rate is the one calibrated for it (docs/results.md, "The paper's regime": uniform must not
 # fall back over the 120 steps).
-PAPER_REGIME_LR = "3e-4"
+PAPER_REGIME_LR = "1e-4"
 PAPER_REGIME = ["--learning-rate", PAPER_REGIME_LR, "--train-size", "128", "--eval-size", "1024",
                 "--prompts-per-step", "16", "--num-generations", "16", "--max-budget", "128", "--save-every", "10"]
 PRESETS = {
