@@ -26,7 +26,6 @@ tests/test_train.py, tests/test_toy.py (the labs' start accuracies).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import time
@@ -41,7 +40,7 @@ import verify
 from checkpoint import RunLock, prepare_run_dir, read_log, run_config
 from cli import eval_table, progress_bars
 from data import fit_prompt_length, format_prompt, load_data
-from models import load_model_and_tokenizer
+from models import device_and_amp, load_model_and_tokenizer
 from rollout import VLLMGenerator, decode, generate_groups
 
 
@@ -201,8 +200,7 @@ def eval_only(args) -> dict:
         prepare_run_dir(out, args)  # a directory that holds a run is refused unless --overwrite
         if args.threads:
             torch.set_num_threads(args.threads)
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+        device, _, amp = device_and_amp(args)  # the training's device and autocast (fp32 weights here)
         torch.manual_seed(args.seed)
         counts = {"skipped_rows": 0, "skipped_long_prompts": 0}
         _, eval_sets = load_data(args, counts, need_train=False)
@@ -212,7 +210,6 @@ def eval_only(args) -> dict:
             raise SystemExit("error: --eval-only has nothing to evaluate: pass --eval-datasets NAME, "
                              "--eval-files PATH, or --eval-size > 0")
         model.eval()
-        amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         run = EvalRun(args, model, tokenizer, VLLMGenerator(args, model_path) if args.use_vllm else None, eval_sets,
                       device, amp, (out / "log.jsonl").open("w"), counters={"rollouts": 0, "seconds": 0.0})
         run.write({"type": "config", "step": -1, **run_config(args), "model_path": model_path,

@@ -96,6 +96,16 @@ def identity_for(args, model, path: str) -> dict:
     return model_identity(path, gguf_file=gguf, revision=getattr(model.config, "_commit_hash", None))
 
 
+def device_and_amp(args) -> tuple[torch.device, bool, object]:
+    """The device (--device, else CUDA when there is one), whether forward passes run in bf16 (--bf16,
+    default on CUDA) and their context: () -> bf16 autocast with bf16, else a no-op. Training and
+    --eval-only call this one function, so an evaluation runs exactly as the training's did."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+    amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    return device, bf16, amp
+
+
 def round_to_bf16(model) -> None:
     """Round fp32 weights to bf16 values, once, in place (load_gguf calls it).
     Why: Q4_1 de-quantizes to d * q + m with fp16 d and m, and 8.1% of SmolLM2's weights land exactly

@@ -67,7 +67,7 @@ from cli import (build_parser, check_launch, closing_line, progress_bars,  # the
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
 from evaluate import eval_due, eval_only, evaluate_inside, final_summary, run_eval  # avg@k, pass@k, greedy; --eval-only
 from grpo import policy_update  # App. C's mini-batch update: the clipped surrogate's optimizer steps
-from models import identity_for, load_model_and_tokenizer
+from models import device_and_amp, identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
 
@@ -143,8 +143,7 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     them and the step to start at. A fresh run logs its config line and the step-0 evaluation."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+    device, bf16, amp = device_and_amp(args)  # amp: () -> bf16 autocast with --bf16, else a no-op
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -171,7 +170,6 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     if args.overwrite and main_rank:  # only now, with data and model loaded: a typo in either leaves the old run whole
         remove_run(out)
     train_set = fit_prompt_length(train_set, eval_sets, tokenizer, args, data_counts)
-    amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     # pi_ref for the k3 KL term (--beta > 0): LoRA's base under the adapter, else a frozen copy of --model
     ref_model = lora.reference_model(
         model, args, lambda: load_model_and_tokenizer(args, device, torch.bfloat16 if bf16 else torch.float32)[0])

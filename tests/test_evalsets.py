@@ -215,6 +215,24 @@ def test_eval_only_reads_a_checkpoint_directory(tmp_path, toy_model_dir):
     assert record["heldout_acc"] == summary["heldout_acc_end"]
 
 
+def test_training_and_eval_only_choose_device_and_autocast_alike():
+    """models.device_and_amp, which train.setup and --eval-only both call: on CPU the default is fp32
+    forwards (no autocast); --bf16 gives a context under which a matmul of fp32 tensors comes out bf16."""
+    import argparse
+
+    import torch
+
+    from models import device_and_amp
+    device, bf16, amp = device_and_amp(argparse.Namespace(device="cpu", bf16=None))
+    with amp():
+        plain = torch.ones(2, 3) @ torch.ones(3, 2)
+    assert (device.type, bf16, plain.dtype) == ("cpu", False, torch.float32)
+    device, bf16, amp = device_and_amp(argparse.Namespace(device="cpu", bf16=True))
+    with amp():
+        mixed = torch.ones(2, 3) @ torch.ones(3, 2)
+    assert bf16 and mixed.dtype == torch.bfloat16 and (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.float32
+
+
 def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
     """eval_mean_avg@k is the plain mean over the benchmark sets (Table 1's Avg.); the held-out split
     is not a benchmark and stays out of it."""
