@@ -686,9 +686,10 @@ def main(argv: list[str] | None = None) -> dict:
               "train_flags": extra, "arms": {a: ARMS[a] for a in dict.fromkeys([*args.arms, *(a for a, _ in carried)])},
               "seeds": args.seeds,
               "model": args.model, "wall_seconds": round(wall, 1)}
-    if args.plots_only and old_config.get("type") == "config":
+    if args.plots_only and old_config.get("type") == "config" and old_config.get("seeds") == args.seeds:
         # the sweep's record as it was: how a redraw was invoked is no result, and recording it
-        # (an earlier "redrawn_by") rewrote a committed line at every redraw (issue 32)
+        # (an earlier "redrawn_by") rewrote a committed line at every redraw (issue 32). A redraw over
+        # other seeds (an interim table grown by a seed) is a new table: it records its own command.
         config = dict(old_config)
     config.update(metric=metric, metric_note=note)
     write_atomic(table_dir / "compare.jsonl", "".join(json.dumps(row) + "\n" for row in [config] + summary + diffs))

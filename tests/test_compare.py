@@ -282,6 +282,15 @@ def test_plots_only_redraws_from_runs_jsonl_and_never_empties_results(tmp_path):
     with pytest.raises(SystemExit, match="would drop .*pass the same --arms and --seeds, or another --out"):
         compare.main(["--plots-only", "--seeds", "0", "1", "--out", str(tmp_path)])
     assert (table_dir / "table.md").read_text() == table and (table_dir / "runs.jsonl").read_text() == runs_before
+    # an interim table of 3 seeds grown to the preset's 5 by a redraw records the redraw's seeds and
+    # command: the old line said seeds 0-2 beside a table of five
+    (table_dir / "compare.jsonl").unlink()
+    compare.main(["--plots-only", "--seeds", "0", "1", "2", "--out", str(tmp_path)])
+    assert compare.read_jsonl(table_dir / "compare.jsonl")[0]["seeds"] == [0, 1, 2]
+    compare.main(["--plots-only", "--out", str(tmp_path)])
+    grown = compare.read_jsonl(table_dir / "compare.jsonl")
+    assert grown[0]["seeds"] == [0, 1, 2, 3, 4] and grown[0]["argv"] == ["--plots-only", "--out", str(tmp_path)]
+    assert all(r["seeds"] == [0, 1, 2, 3, 4] for r in grown[1:])
     # nothing to redraw: an error, and no file is written
     with pytest.raises(SystemExit, match="nothing to redraw"):
         compare.main(["--plots-only", "--out", str(tmp_path / "empty")])
