@@ -406,10 +406,11 @@ def method_figure(path: Path, f_bars=METHOD_F_BARS, kappa: float = 11.0, gamma: 
 # ----------------------------------------------------------------------------------------------
 # The mechanism, over every committed sweep (issue 42)
 # ----------------------------------------------------------------------------------------------
-def committed_runs(results: Path) -> list[dict]:
+def committed_runs(results: Path, once: bool = True) -> list[dict]:
     """Every run summary in RESULTS/**/runs.jsonl that has a signal count, once each (a run reused by
-    two tables, e.g. uniform in a headline and its ablation, has the same curve in both), with its
-    lab (the sweep's --model, from compare.jsonl) and its table's folder."""
+    two tables, e.g. uniform in a headline and its ablation, has the same curve in both; once=False:
+    in every table that holds it), with its lab (the sweep's --model, from compare.jsonl) and its
+    table's folder."""
     runs, seen = [], set()
     for path in sorted(Path(results).rglob("runs.jsonl")):
         config = {}
@@ -422,7 +423,7 @@ def committed_runs(results: Path) -> list[dict]:
                 continue
             lab = config.get("model", "toy")
             key = (lab, r["arm"], tuple(r["rollouts"]), tuple(r["acc"]))
-            if key not in seen:
+            if key not in seen or not once:
                 seen.add(key)
                 runs.append({**r, "lab": lab, "table": str(path.parent.relative_to(results))})
     return runs
@@ -465,7 +466,23 @@ def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
                      f"(gain, signal prompts) {rho:+.2f}")
         ax.legend(fontsize=6, loc="best", ncol=2)
     axes[0][0].set_ylabel(f"held-out gain, final - start ({runs[0].get('metric', 'avg@k')})")
-    return _save(fig, Path(path)), lines
+    return _save(fig, Path(path)), lines + per_table_lines(results)
+
+
+def per_table_lines(results: Path) -> list[str]:
+    """The same rank correlation within each sweep of a lab that has several (3 runs or more): one
+    sweep is one regime, and pooling regimes (other M, steps, lr) can make a band or hide one."""
+    runs = committed_runs(results, once=False)
+    lines = []
+    for lab in dict.fromkeys(r["lab"] for r in runs):
+        tables = list(dict.fromkeys(r["table"] for r in runs if r["lab"] == lab))
+        for table in tables if len(tables) > 1 else []:
+            mine = [r for r in runs if r["lab"] == lab and r["table"] == table]
+            if len(mine) >= 3:
+                rho = _spearman(np.array([r["signal_prompts"] for r in mine]),
+                                np.array([r["final_acc"] - r["start_acc"] for r in mine]))
+                lines.append(f"  {lab}, {table}: {len(mine)} runs, Spearman rho {rho:+.2f}")
+    return lines
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -503,7 +520,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         check_path("--mechanism-figure", args.mechanism_figure, "file")
         check_path("--results", args.results, "dir", exists=True)
         drawn, lines = mechanism_figure(Path(args.results), Path(args.mechanism_figure))
-        print(f"{drawn}: " + "; ".join(lines))
+        print(f"{drawn}:", *lines, sep="\n")  # a lab a line, then its sweeps one by one
         if args.method_figure is None and not args.run_dirs:
             return [drawn]
     for d in args.run_dirs:  # every directory checked before any figure is drawn (paths.py)

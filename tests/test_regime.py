@@ -228,13 +228,18 @@ def test_mechanism_figure_takes_every_committed_run_once(tmp_path):
 
     table("headline-toy-reason", "toy-reason", [("uniform", 0, 0.25, 21.0), ("coba", 0, 0.20, 11.0),
                                                 ("dapo", 0, 0.27, 32.0)])
-    table("ablation-toy-reason", "toy-reason", [("uniform", 0, 0.25, 21.0), ("coba:fixed(1.5,10.5)", 0, 0.10, 10.0)])
+    table("ablation-toy-reason", "toy-reason", [("uniform", 0, 0.25, 21.0), ("coba:fixed(1.5,10.5)", 0, 0.10, 10.0),
+                                                ("coba:fixed(10.5,1.5)", 0, 0.15, 12.0)])
     table("headline", "toy", [("uniform", 0, 0.05, 17.0), ("coba", 0, 0.04, 9.0), ("coba", 1, 0.045, 9.5)])
     runs = plots.committed_runs(tmp_path / "results")
     assert sorted((r["lab"], r["arm"]) for r in runs) == sorted(
         [("toy-reason", "uniform"), ("toy-reason", "coba"), ("toy-reason", "dapo"),
-         ("toy-reason", "coba:fixed(1.5,10.5)"), ("toy", "uniform"), ("toy", "coba"), ("toy", "coba")])
+         ("toy-reason", "coba:fixed(1.5,10.5)"), ("toy-reason", "coba:fixed(10.5,1.5)"), ("toy", "uniform"),
+         ("toy", "coba"), ("toy", "coba")])
     path, lines = plots.mechanism_figure(tmp_path / "results", tmp_path / "fig.png")
     assert path.stat().st_size > 0
-    assert lines[0].startswith("toy-reason: 4 runs from 2 tables, Spearman rho (gain, signal prompts) +1.00")
+    assert lines[0].startswith("toy-reason: 5 runs from 2 tables, Spearman rho (gain, signal prompts) +0.90")
     assert lines[1].startswith("toy: 3 runs from 1 tables, Spearman rho (gain, signal prompts) +1.00")
+    # and within each sweep of a lab with several (uniform, reused by the ablation, counts in both)
+    assert lines[2:] == ["  toy-reason, ablation-toy-reason: 3 runs, Spearman rho +1.00",
+                         "  toy-reason, headline-toy-reason: 3 runs, Spearman rho +1.00"]
