@@ -45,7 +45,7 @@ import paths
 import toy
 import tracking
 from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
-from models import MODEL_ALIASES
+from models import MODEL_ALIASES, default_device
 
 PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks the M prompts
 # What a run writes, truncates or deletes at the top of OUTPUT_DIR (with checkpoint.OURS, its
@@ -380,7 +380,7 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
         if device.type not in ("cpu", "cuda"):
             ap.error(f"--device {args.device}: use cpu or cuda")
     if args.bf16 is None:  # recorded resolved, so a --resume on another device cannot switch it silently
-        args.bf16 = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        args.bf16 = default_device(args.device).startswith("cuda")
     M, G = args.prompts_per_step, args.num_generations
     if args.total_budget is None:
         args.total_budget = M * G

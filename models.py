@@ -96,11 +96,18 @@ def identity_for(args, model, path: str) -> dict:
     return model_identity(path, gguf_file=gguf, revision=getattr(model.config, "_commit_hash", None))
 
 
+def default_device(device: str | None) -> str:
+    """--device as given, else "cuda" when this machine has one, else "cpu": the one place that default
+    lives, so the device a run trains on, the one its --bf16 default was resolved for and the one its
+    process group is opened on cannot disagree."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def device_and_amp(args) -> tuple[torch.device, bool, object]:
     """The device (--device, else CUDA when there is one), whether forward passes run in bf16 (--bf16,
     default on CUDA) and their context: () -> bf16 autocast with bf16, else a no-op. Training and
     --eval-only call this one function, so an evaluation runs exactly as the training's did."""
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(default_device(args.device))
     bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     return device, bf16, amp

@@ -67,7 +67,7 @@ from cli import (build_parser, check_launch, closing_line, progress_bars,  # the
 from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
 from evaluate import eval_due, eval_only, evaluate_inside, final_summary, run_eval  # avg@k, pass@k, greedy; --eval-only
 from grpo import policy_update  # App. C's mini-batch update: the clipped surrogate's optimizer steps
-from models import device_and_amp, identity_for, load_model_and_tokenizer
+from models import default_device, device_and_amp, identity_for, load_model_and_tokenizer
 from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
 
@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_args(ap.parse_args(argv), ap)
     t0 = time.time()
     check_launch(args)  # what torchrun's processes do not run (yet): one line, before any process group
-    ranks = dist.init(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ranks = dist.init(default_device(args.device))
     if not ranks.main:  # one set of progress bars: rank 0's
         args.no_progress = True
     try:

@@ -233,6 +233,26 @@ def test_training_and_eval_only_choose_device_and_autocast_alike():
     assert bf16 and mixed.dtype == torch.bfloat16 and (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.float32
 
 
+def test_one_default_device_for_training_bf16_and_process_group(monkeypatch):
+    """models.default_device holds the "--device, else CUDA when there is one" default that
+    cli.resolve_args (the recorded --bf16), device_and_amp (the training device) and train.main
+    (dist.init) all use: with CUDA present and no --device, all three say cuda; an explicit --device wins."""
+    import argparse
+
+    import torch
+
+    from models import default_device, device_and_amp
+    assert default_device("cpu") == "cpu" and default_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_device(None) == "cuda"
+    ap = train.build_parser()
+    args = train.resolve_args(ap.parse_args(TOY), ap)  # no --device, no --bf16
+    assert args.device is None and args.bf16 is True  # resolved for the CUDA the run will use
+    assert device_and_amp(argparse.Namespace(device=None, bf16=None))[:2] == (torch.device("cuda"), True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device(None) == "cpu" and train.resolve_args(ap.parse_args(TOY), ap).bf16 is False
+
+
 def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
     """eval_mean_avg@k is the plain mean over the benchmark sets (Table 1's Avg.); the held-out split
     is not a benchmark and stays out of it."""
