@@ -407,11 +407,10 @@ def method_figure(path: Path, f_bars=METHOD_F_BARS, kappa: float = 11.0, gamma: 
 # The mechanism, over every committed sweep (issue 42)
 # ----------------------------------------------------------------------------------------------
 def committed_runs(results: Path, once: bool = True) -> list[dict]:
-    """Every run summary in RESULTS/**/runs.jsonl that has a signal count, once each (a run reused by
-    two tables, e.g. uniform in a headline and its ablation, has the same curve in both; once=False:
-    in every table that holds it), with its lab (the sweep's --model, from compare.jsonl) and its
-    table's folder."""
-    runs, seen = [], set()
+    """Every run summary in RESULTS/**/runs.jsonl that has a signal count, with its lab (the sweep's
+    --model, from compare.jsonl) and its table's folder; once=False: in every table that holds it,
+    once=True: once each (see once_each)."""
+    runs = []
     for path in sorted(Path(results).rglob("runs.jsonl")):
         config = {}
         head = path.with_name("compare.jsonl")
@@ -419,14 +418,21 @@ def committed_runs(results: Path, once: bool = True) -> list[dict]:
             config = json.loads(head.read_text().splitlines()[0])
         for line in path.read_text().splitlines():
             r = json.loads(line)
-            if r.get("type") != "run" or r.get("signal_prompts") is None:
-                continue
-            lab = config.get("model", "toy")
-            key = (lab, r["arm"], tuple(r["rollouts"]), tuple(r["acc"]))
-            if key not in seen or not once:
-                seen.add(key)
-                runs.append({**r, "lab": lab, "table": str(path.parent.relative_to(results))})
-    return runs
+            if r.get("type") == "run" and r.get("signal_prompts") is not None:
+                runs.append({**r, "lab": config.get("model", "toy"), "table": str(path.parent.relative_to(results))})
+    return once_each(runs) if once else runs
+
+
+def once_each(runs: list[dict]) -> list[dict]:
+    """Each run once, in its first table: a run reused by two tables (e.g. uniform in a headline and
+    its ablation) has the same lab, arm, rollouts and curve in both."""
+    seen, unique = set(), []
+    for r in runs:
+        key = (r["lab"], r["arm"], tuple(r["rollouts"]), tuple(r["acc"]))
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    return unique
 
 
 def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
@@ -436,7 +442,8 @@ def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
     how many prompts carry the gradient, each panel's points fall on one rising band whatever the
     arm. Returns the path and a line per lab with the rank correlation (Spearman) of the two."""
     plt = _plt()
-    runs = committed_runs(results)
+    every = committed_runs(results, once=False)  # read once: the pooled panels count a run once, the sweeps each
+    runs = once_each(every)
     if not runs:
         raise SystemExit(f"error: no run summaries with a signal count under {results}: pass the results folder")
     labs = sorted({r["lab"] for r in runs}, key=lambda lab: (lab != "toy-reason", lab))
@@ -466,13 +473,13 @@ def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
                      f"(gain, signal prompts) {rho:+.2f}")
         ax.legend(fontsize=6, loc="best", ncol=2)
     axes[0][0].set_ylabel(f"held-out gain, final - start ({runs[0].get('metric', 'avg@k')})")
-    return _save(fig, Path(path)), lines + per_table_lines(results)
+    return _save(fig, Path(path)), lines + per_table_lines(every)
 
 
-def per_table_lines(results: Path) -> list[str]:
-    """The same rank correlation within each sweep of a lab that has several (3 runs or more): one
-    sweep is one regime, and pooling regimes (other M, steps, lr) can make a band or hide one."""
-    runs = committed_runs(results, once=False)
+def per_table_lines(runs: list[dict]) -> list[str]:
+    """The same rank correlation within each sweep of a lab that has several (3 runs or more), over
+    committed_runs(once=False): one sweep is one regime, and pooling regimes (other M, steps, lr) can
+    make a band or hide one."""
     lines = []
     for lab in dict.fromkeys(r["lab"] for r in runs):
         tables = list(dict.fromkeys(r["table"] for r in runs if r["lab"] == lab))
