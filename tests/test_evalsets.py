@@ -236,7 +236,8 @@ def test_training_and_eval_only_choose_device_and_autocast_alike():
 def test_one_default_device_for_training_bf16_and_process_group(monkeypatch):
     """models.default_device holds the "--device, else CUDA when there is one" default that
     cli.resolve_args (the recorded --bf16), device_and_amp (the training device) and train.main
-    (dist.init) all use: with CUDA present and no --device, all three say cuda; an explicit --device wins."""
+    (dist.init's device) all use: with CUDA present and no --device the first two say cuda (bf16 on),
+    without it cpu (bf16 off); an explicit --device wins."""
     import argparse
 
     import torch
