@@ -406,10 +406,10 @@ def method_figure(path: Path, f_bars=METHOD_F_BARS, kappa: float = 11.0, gamma: 
 # ----------------------------------------------------------------------------------------------
 # The mechanism, over every committed sweep (issue 42)
 # ----------------------------------------------------------------------------------------------
-def committed_runs(results: Path, once: bool = True) -> list[dict]:
-    """Every run summary in RESULTS/**/runs.jsonl that has a signal count, with its lab (the sweep's
-    --model, from compare.jsonl) and its table's folder; once=False: in every table that holds it,
-    once=True: once each (see once_each)."""
+def committed_runs(results: Path) -> list[dict]:
+    """Every run summary in RESULTS/**/runs.jsonl that has a signal count, in every table that holds
+    it (once_each keeps one of each), with its lab (the sweep's --model, from compare.jsonl) and its
+    table's folder."""
     runs = []
     for path in sorted(Path(results).rglob("runs.jsonl")):
         config = {}
@@ -420,7 +420,7 @@ def committed_runs(results: Path, once: bool = True) -> list[dict]:
             r = json.loads(line)
             if r.get("type") == "run" and r.get("signal_prompts") is not None:
                 runs.append({**r, "lab": config.get("model", "toy"), "table": str(path.parent.relative_to(results))})
-    return once_each(runs) if once else runs
+    return runs
 
 
 def once_each(runs: list[dict]) -> list[dict]:
@@ -442,7 +442,7 @@ def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
     how many prompts carry the gradient, each panel's points fall on one rising band whatever the
     arm. Returns the path and a line per lab with the rank correlation (Spearman) of the two."""
     plt = _plt()
-    every = committed_runs(results, once=False)  # read once: the pooled panels count a run once, the sweeps each
+    every = committed_runs(results)  # read once: the pooled panels count a run once, the sweeps each
     runs = once_each(every)
     if not runs:
         raise SystemExit(f"error: no run summaries with a signal count under {results}: pass the results folder")
@@ -478,7 +478,7 @@ def mechanism_figure(results: Path, path: Path) -> tuple[Path, list[str]]:
 
 def per_table_lines(runs: list[dict]) -> list[str]:
     """The same rank correlation within each sweep of a lab that has several (3 runs or more), over
-    committed_runs(once=False): one sweep is one regime, and pooling regimes (other M, steps, lr) can
+    committed_runs (a run in every table that holds it): one sweep is one regime, and pooling regimes (other M, steps, lr) can
     make a band or hide one."""
     lines = []
     for lab in dict.fromkeys(r["lab"] for r in runs):

@@ -231,7 +231,7 @@ def test_mechanism_figure_takes_every_committed_run_once(tmp_path):
     table("ablation-toy-reason", "toy-reason", [("uniform", 0, 0.25, 21.0), ("coba:fixed(1.5,10.5)", 0, 0.10, 10.0),
                                                 ("coba:fixed(10.5,1.5)", 0, 0.15, 12.0)])
     table("headline", "toy", [("uniform", 0, 0.05, 17.0), ("coba", 0, 0.04, 9.0), ("coba", 1, 0.045, 9.5)])
-    runs = plots.committed_runs(tmp_path / "results")
+    runs = plots.once_each(plots.committed_runs(tmp_path / "results"))
     assert sorted((r["lab"], r["arm"]) for r in runs) == sorted(
         [("toy-reason", "uniform"), ("toy-reason", "coba"), ("toy-reason", "dapo"),
          ("toy-reason", "coba:fixed(1.5,10.5)"), ("toy-reason", "coba:fixed(10.5,1.5)"), ("toy", "uniform"),
