@@ -346,6 +346,7 @@ def test_knapsack_issue_example_sends_the_unused_budget_to_the_unsolved_prompt()
 def test_knapsack_cost_cap():
     # int(min(B_up, ln 0.1 / ln max(p, 1-p))): p = .5 -> 3.32 -> 3; p = .1 or .9 -> 21.85 -> 21;
     # p = .01 -> 229.1, capped at B_up = 128
+    # exact: integers (caps), not near a rounding boundary
     np.testing.assert_array_equal(A.knapsack_cost_cap([.5, .1, .9, .01], 128), [3, 21, 21, 128])
 
 

@@ -216,6 +216,7 @@ def test_resolve_tau():
 # ----------------------------------------------------------------------------------------------
 def test_knapsack_value():
     N = np.arange(0, 33)[:, None]  # (33, 1)
+    # exact: 1 - 0**N - 1**N is 0 with no rounding at p in {0, 1}
     np.testing.assert_array_equal(coba.knapsack_value(N, np.array([0.0, 1.0])), 0.0)  # p in {0, 1}
     assert np.all(coba.knapsack_value(N, 0.3) >= 0)  # N = 0 clipped to 0, not -p (1-p)^2
     # by hand: N = 2, p = 0.5: (1 - 0.25 - 0.25) * 0.5 * 0.25 = 0.0625
@@ -427,6 +428,7 @@ def test_knapsack_statistics_survive_a_checkpoint():
     back = coba.CapabilityTracker()
     back.load_state_dict(json.loads(json.dumps(t.state_dict())))
     for got, want in zip(back.knapsack_stats([3, 7, 9]), t.knapsack_stats([3, 7, 9])):
+        # exact: the same statistics before and after a JSON round trip
         np.testing.assert_array_equal(got, want)
     p_hat, counts = back.knapsack_stats([3, 7])
     assert counts.tolist() == [6, 2] and p_hat[0] == pytest.approx(3 / 6)  # last 16 rewards: 0,1,0,0,1,1

@@ -255,6 +255,7 @@ def test_killed_rank_leaves_checkpoint_whole_and_resume_is_exact(sharding, tmp_p
         assert "saved by 2 process(es) and this run has 1: resume with torchrun --nproc_per_node 2" in p.stderr
     ok(launch(killed, 3, 2, extra=["--resume", *sharding]))
     for name, w in weights(straight, 3).items():  # bit for bit: same model, optimizer, RNG of each rank
+        # exact: the same computation: resumed and straight runs take the same ops on the same inputs
         assert torch.equal(weights(killed, 3)[name], w), name
     drop = ("seconds", "step_seconds", "gen_seconds")
     a, b = log(straight), log(killed)
@@ -327,6 +328,7 @@ def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_di
 
     for rank, seed in ((0, 3), (1, 3 * 1_000_003 + 1)):
         train_draw, eval_draws = draws(rank)
+        # exact: seeded random draws
         assert torch.equal(train_draw, seeded(seed)), rank
         assert len(eval_draws) == 2 and all(torch.equal(d, seeded(seed)) for d in eval_draws), rank
 

@@ -228,6 +228,7 @@ def test_loss_ignores_masked_positions():
         (l0, g0, m0), (l1, g1, m1) = results
         # Same loss, same metrics, and the same gradient everywhere: exactly 0 (not NaN) at masked
         # slots, since a NaN there would flow back into every weight of the model.
+        # exact: the same computation: torch.where selects the masked slots away before any arithmetic
         assert l0 == l1 and torch.equal(g0, g1) and m0 == m1
         assert (g1[mask == 0] == 0).all()
         assert math.isfinite(l0)
@@ -346,10 +347,12 @@ def test_padding_ids_change_nothing_but_prompt_tokens_do(model):
     base = grpo.per_token_logps(model, ids, attn, T)
     # Left-padding ids (attention-masked) do not change a single log-prob.
     ids_l, _, _ = collate(ROWS, left_pad_id=17)
+    # exact: the same computation on the attended tokens: masked keys get weight exp(-inf) = 0
     torch.testing.assert_close(grpo.per_token_logps(model, ids_l, attn, T), base, rtol=0, atol=1e-12)
     # Right padding after a completion's end changes log-probs only at masked positions ...
     ids_r, _, _ = collate(ROWS, right_pad_id=19)
     moved = grpo.per_token_logps(model, ids_r, attn, T)
+    # exact: the same computation on earlier tokens: causal attention never reads a later pad
     torch.testing.assert_close(moved[cmask == 1], base[cmask == 1], rtol=0, atol=1e-12)
     assert not torch.allclose(moved[cmask == 0], base[cmask == 0])
     # ... so the loss is unchanged.

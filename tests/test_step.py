@@ -257,6 +257,7 @@ def match_rows(ids: torch.Tensor, attn: torch.Tensor, batch: dict, used: set) ->
     interchangeable: same prompt and completion means same group, reward and advantage)."""
     out = []
     for a, m in zip(ids, attn):
+        # exact: integer token ids and masks
         hit = next(k for k in range(len(batch["input_ids"])) if k not in used
                    and torch.equal(batch["input_ids"][k], a) and torch.equal(batch["attention_mask"][k], m))
         used.add(hit)
@@ -380,6 +381,7 @@ def check_batch_and_update(rec: dict, exp: list[dict], min_ratio_dev: float = 0.
             T = batch["completion_mask"].shape[1]
             assert batch["completion_mask"][j, :len(c)].all()
             assert batch["input_ids"][j, -T:][:len(c)].tolist() == c
+        # exact: rewards in {0, 1}
         assert torch.equal(adv_call["rewards"], e["rewards"]), s
         # each row's advantage comes from its own prompt's rows only
         torch.testing.assert_close(batch["advantages"], e["advantages"], rtol=0, atol=1e-6)
