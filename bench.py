@@ -15,7 +15,9 @@ optimizer, so they see the same weights (and completion lengths) at the same tim
 
 Shapes (--shape):
     toy         the offline toy model (toy.py), M = 32 prompts x G = 8 rollouts, 8 new tokens,
-                2 mini-batches, 1 thread: the default run of train.py
+                2 mini-batches, 1 thread: the toy lab's preset
+    toy-reason  the default lab (train.py's default run): worked solutions, M = 32 x G = 8, up to 72
+                new tokens, 2 mini-batches, 1 thread
     real-small  Qwen2.5-1.5B's architecture (gpu_check.QWEN25_15B) scaled down to run on a CPU:
                 2 layers, width 256, MLP 1024, 4 heads (2 KV heads), vocab 8192; random weights;
                 M = 2 prompts of ~256 random tokens, G = 16, 128 new tokens, micro-batches of 8
@@ -73,6 +75,7 @@ ARMS = {  # name -> (sampler_logps, shared_prompt_forward, shared_prompt_prefill
 
 SHAPES = {  # M prompts, G rollouts each, T new tokens, micro-batch, prompt length (random models)
     "toy": dict(M=32, G=8, T=8, micro=512, prompt_len=None, lr=2e-4, repeats=3, steps=3),
+    "toy-reason": dict(M=32, G=8, T=72, micro=512, prompt_len=None, lr=3e-4, repeats=3, steps=1),
     "real-small": dict(M=2, G=16, T=128, micro=8, prompt_len=256, lr=1e-6, repeats=2, steps=1,
                        config=dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)),
@@ -87,14 +90,14 @@ def build(shape: str, device: torch.device):
     """(model, tokenizer, prompts (list of token-id lists), answers or None, rewards function)."""
     import verify
 
-    if shape == "toy":
+    if shape in ("toy", "toy-reason"):
         import toy
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = toy.ensure_toy_model(progress=False)
+        path = toy.ensure_toy_model(shape)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
         tok = AutoTokenizer.from_pretrained(path)
-        train_set, _ = toy.make_splits()
+        train_set, _ = toy.make_sum_splits() if shape == "toy-reason" else toy.make_splits()
         prompts = tok([r["question"] for r in train_set], add_special_tokens=False)["input_ids"]
         return model, tok, prompts, [r["answer"] for r in train_set], verify.rewards
     import gpu_check
