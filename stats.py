@@ -77,8 +77,114 @@ def auc(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def rollouts_to_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | None:
+    """Rollouts at the first evaluation at or above `target` (None: never). The evaluation grid's
+    own value, no interpolation: the table's first "rollouts to uniform's final" column."""
     hit = np.nonzero(y >= target - 1e-12)[0]
     return float(x[hit[0]]) if len(hit) else None
+
+
+def rollouts_to_reach_interpolated(x: np.ndarray, y: np.ndarray, target: float) -> float | None:
+    """Rollouts where the curve, drawn straight between evaluations, first reaches `target`."""
+    hit = np.nonzero(y >= target - 1e-12)[0]
+    if not len(hit):
+        return None
+    i = int(hit[0])
+    if i == 0:
+        return float(x[0])
+    return float(x[i - 1] + (target - y[i - 1]) / (y[i] - y[i - 1]) * (x[i] - x[i - 1]))
+
+
+# Sample efficiency that a flat curve's noise cannot flip (docs/results.md, "How 'reaches' is
+# measured"): the rollouts each run needs to reach GAIN_SHARE of its seed's uniform gain, from the
+# shared start (evaluation 0: every arm of a seed starts from the same model) to uniform's plateau
+# (the mean of its last PLATEAU_EVALS evaluations), interpolated between evaluations. The target then
+# lies where the curves still rise, so a shift of a fraction of one evaluation's standard error moves
+# the crossing by a fraction of an evaluation interval, where "uniform's final value" (on its own
+# plateau) can move it by several.
+GAIN_SHARE = 0.8
+PLATEAU_EVALS = 4
+
+
+def plateau(y: np.ndarray, k: int = PLATEAU_EVALS) -> float:
+    """Mean of a curve's last k evaluations (at most all but the first)."""
+    return float(np.mean(y[-max(1, min(k, len(y) - 1)):]))
+
+
+def gain_target(base_run: dict, share: float = GAIN_SHARE) -> float | None:
+    """start + share * (plateau - start) of one seed's baseline run; None where it gains nothing."""
+    y = np.asarray(base_run["acc"], float)
+    gain = plateau(y) - y[0]
+    return float(y[0] + share * gain) if gain > 0 else None
+
+
+def ratio_stats(ratios: list[float], at_start: int = 0) -> dict:
+    """Geometric mean of per-seed rollout ratios (arm / baseline) with a 95% t interval on the log
+    scale; a seed whose arm never gets there counts under "never" and leaves no mean."""
+    if not ratios and at_start:
+        return {"n": 0, "geo_mean": None, "lo": None, "hi": None, "at_start": at_start}
+    if ratios and all(math.isfinite(r) for r in ratios):
+        res = paired_t(np.log(ratios))
+        return {"n": res["n"], "geo_mean": math.exp(res["mean"]),
+                "lo": math.exp(res["lo"]) if math.isfinite(res["lo"]) else None,
+                "hi": math.exp(res["hi"]) if math.isfinite(res["hi"]) else None}
+    return {"n": len(ratios), "geo_mean": None, "lo": None, "hi": None,
+            "never": sum(not math.isfinite(r) for r in ratios)}
+
+
+def speed_ratio(arm: dict, base: dict, common: list, target_of, reach=rollouts_to_reach) -> dict:
+    """Per seed: rollouts the arm needs to reach target_of(seed) over those the baseline needs, then
+    ratio_stats. A seed whose baseline is at the target at its first evaluation (or has no target)
+    says nothing about speed: counted apart as "at_start", not as a ratio of 1."""
+    ratios, at_start = [], 0
+    for s in common:
+        target = target_of(s)
+        b = None if target is None else reach(np.array(base[s]["rollouts"]), np.array(base[s]["acc"]), target)
+        if target is None or (b is not None and b <= base[s]["rollouts"][0]):
+            at_start += 1
+        elif b is not None:
+            a = reach(np.array(arm[s]["rollouts"]), np.array(arm[s]["acc"]), target)
+            ratios.append(math.inf if a is None else max(a, 1.0) / max(b, 1.0))
+    return ratio_stats(ratios, at_start)
+
+
+def evaluation_se(runs: list[dict]) -> float:
+    """One evaluation's standard error at the end of training: the median logged avg@k standard
+    error of the final evaluations, else sqrt(p(1-p)/n) at the mean final value (greedy: exact;
+    avg@k: its upper bound)."""
+    ses = [r["avg_se"][-1] for r in runs if r.get("avg_se") and r["avg_se"][-1] is not None]
+    if ses:
+        return float(np.median(ses))
+    p = float(np.mean([r["final_acc"] for r in runs]))
+    n = next((r["heldout_n"] for r in runs if r.get("heldout_n")), None)
+    return math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def speed_sensitivity(arm: dict, base: dict, common: list, se: float) -> dict:
+    """The rollouts ratio under each reasonable definition of "reaches" (docs/results.md): name ->
+    ratio_stats; "leave one out" -> the geometric means with each seed left out in turn."""
+    pooled = float(np.mean([base[s]["final_acc"] for s in base]))
+    interp = rollouts_to_reach_interpolated
+    shifts = ((-1, "-"), (1, "+")) if math.isfinite(se) else ()  # no SE known: no shifted rows
+    out = {"uniform's mean final, first evaluation at or above (the table's)": speed_ratio(arm, base, common,
+                                                                                            lambda s: pooled)}
+    for sign, label in shifts:
+        out[f"the same, target {label} SE/5"] = speed_ratio(arm, base, common, lambda s, sign=sign: pooled + sign * se / 5)
+    out.update({
+        "the same, interpolated": speed_ratio(arm, base, common, lambda s: pooled, interp),
+        "each seed's uniform final": speed_ratio(arm, base, common, lambda s: base[s]["final_acc"]),
+        "each seed's uniform final, interpolated": speed_ratio(arm, base, common, lambda s: base[s]["final_acc"], interp),
+    })
+    for share in (0.7, GAIN_SHARE, 0.9):
+        name = f"{share:.0%} of each seed's uniform gain, interpolated"
+        out[name + (" (the table's second)" if share == GAIN_SHARE else "")] = speed_ratio(
+            arm, base, common, lambda s, share=share: gain_target(base[s], share), interp)
+    for sign, label in shifts:
+        out[f"{GAIN_SHARE:.0%} of the gain, target {label} SE/5"] = speed_ratio(
+            arm, base, common, lambda s, sign=sign: None if gain_target(base[s]) is None
+            else gain_target(base[s]) + sign * se / 5, interp)
+    loo = [speed_ratio(arm, base, [x for x in common if x != s], lambda t: pooled)["geo_mean"] for s in common]
+    out["leave one out"] = [g for g in loo if g is not None] if len(common) > 2 else []
+    return out
 
 
 def signal_prompts(train: list[dict]) -> float | None:
@@ -163,28 +269,15 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
             d[f"{key}_min_detectable"] = min_detectable(res["sd"], res["n"])
         for key in secondary:
             d[key] = paired_t([seeds[s][key] - base[s][key] for s in common])
-        # rollouts-to-target ratio, seed by seed; a run that never reaches the target has ratio inf.
-        # A seed whose baseline is already at the target at its first evaluation says nothing about
-        # speed (a model that loses accuracy in training starts above its own final value): counted
-        # apart as "at_start" instead of a ratio of 1 that reads like "as fast as uniform".
-        ratios, at_start = [], 0
-        for s in common:
-            a = rollouts_to_reach(np.array(seeds[s]["rollouts"]), np.array(seeds[s]["acc"]), target)
-            b = rollouts_to_reach(np.array(base[s]["rollouts"]), np.array(base[s]["acc"]), target)
-            if b is not None and b <= base[s]["rollouts"][0]:
-                at_start += 1
-            elif b is not None:
-                ratios.append(math.inf if a is None else max(a, 1.0) / max(b, 1.0))
-        if not ratios and at_start:
-            d["rollout_ratio"] = {"n": 0, "geo_mean": None, "lo": None, "hi": None, "at_start": at_start}
-        elif ratios and all(math.isfinite(r) for r in ratios):
-            res = paired_t(np.log(ratios))
-            d["rollout_ratio"] = {"n": res["n"], "geo_mean": math.exp(res["mean"]),
-                                  "lo": math.exp(res["lo"]) if math.isfinite(res["lo"]) else None,
-                                  "hi": math.exp(res["hi"]) if math.isfinite(res["hi"]) else None}
-        else:
-            d["rollout_ratio"] = {"n": len(ratios), "geo_mean": None, "lo": None, "hi": None,
-                                  "never": sum(not math.isfinite(r) for r in ratios)}
+        # rollouts-to-target ratio, seed by seed (speed_ratio): to uniform's mean final value at the
+        # first evaluation at or above it, and (gain_ratio) to GAIN_SHARE of each seed's uniform gain,
+        # interpolated; a run that never reaches the target has ratio inf.
+        d["rollout_ratio"] = speed_ratio(seeds, base, common, lambda s: target)
+        d["gain_ratio"] = speed_ratio(seeds, base, common, lambda s: gain_target(base[s]),
+                                      rollouts_to_reach_interpolated)
+        d["reach_sensitivity"] = speed_sensitivity(seeds, base, common, evaluation_se(list(base.values())))
+        d["plateau"] = paired_t([plateau(np.array(seeds[s]["acc"], float)) - plateau(np.array(base[s]["acc"], float))
+                                 for s in common])
         diffs.append(d)
     # How long each arm ran (updates, generation blocks, rollouts) is recorded only where the arms
     # differ in it (a DAPO arm): a sweep of equal-length arms keeps the summary rows it had before
@@ -236,6 +329,39 @@ def _ci(d: dict) -> str:
     return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d["n"] > 1 else f"{d['mean']:+.3f}"
 
 
+def _ratio(r: dict, baseline: str = "uniform") -> str:
+    """A ratio_stats cell: geometric mean [95% CI], or why there is none."""
+    if r["geo_mean"] is not None:
+        return f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
+    if r.get("at_start"):
+        return f"n/a: {baseline} starts at or above its target on {r['at_start']} seeds"
+    return f"never on {r.get('never', '?')}/{r['n']} seeds"
+
+
+def sensitivity_table(diffs: list[dict], metric: str = "greedy", baseline: str = "uniform") -> str:
+    """How much the rollouts ratio moves with the definition of "reaches" (stats.speed_sensitivity),
+    one row a definition, one column an arm; then the plateau level (mean of the last evaluations)."""
+    diffs = [d for d in diffs if "reach_sensitivity" in d]
+    if not diffs:
+        return ""
+    name = "greedy acc" if metric == "greedy" else metric
+    lines = [f"\nRollouts to reach {baseline}'s level, arm / {baseline}, under other definitions of \"reaches\" "
+             f"(geometric mean over seeds [95% CI]; SE = one evaluation's standard error):\n",
+             "| definition | " + " | ".join(d["arm"] for d in diffs) + " |",
+             "|---|" + "---|" * len(diffs)]
+    for key in diffs[0]["reach_sensitivity"]:
+        if key == "leave one out":
+            cells = [(f"{min(g):.2f} to {max(g):.2f} over {len(g)} sets" if g else "-")
+                     for d in (x for x in diffs) for g in [d["reach_sensitivity"][key]]]
+            key = f"{baseline}'s mean final, leave one seed out (range of geometric means)"
+        else:
+            cells = [_ratio(d["reach_sensitivity"][key], baseline) for d in diffs]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines.append(f"| plateau {name} (mean of the last {PLATEAU_EVALS} evaluations) - {baseline} | "
+                 + " | ".join(_ci(d["plateau"]) for d in diffs) + " |")
+    return "\n".join(lines)
+
+
 def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy", pass_k: int | None = None,
                    footer: list[str] = (), hard_label: str = "", baseline: str = "uniform") -> str:
     """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
@@ -250,24 +376,23 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
     # equal rollouts, not equal steps: where arms made different numbers of updates (DAPO), a column says so
     show_updates = len({s.get("updates_mean") for s in summary}) > 1
     lines = [f"| arm | final {name} | AUC ({name}) | final {name} - {baseline} [95% CI] | AUC - {baseline} [95% CI] "
-             f"| rollouts to {baseline}'s final {name}, ratio [95% CI] | "
+             f"| rollouts to {baseline}'s final {name}, ratio [95% CI] "
+             f"| rollouts to {GAIN_SHARE:.0%} of {baseline}'s gain, ratio [95% CI] | "
              + "".join(f"final {label} (- {baseline} [95% CI]) | " for _, label in extra) + "zero-signal rollouts |"
              + (" prompts carrying signal per step (effective) |" if show_signal else "")
              + (" updates (same rollouts) |" if show_updates else ""),
-             "|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")
+             "|---|---|---|---|---|---|---|" + "---|" * len(extra) + "---|" + ("---|" if show_signal else "")
              + ("---|" if show_updates else "")]
     for s in summary:
         d = diff.get(s["arm"])
         if d is None:
-            cells = ["(baseline)", "(baseline)", f"1 ({s['reached']} seeds reach {s['target_acc']:.3f})"]
+            cells = ["(baseline)", "(baseline)", f"1 ({s['reached']} seeds reach {s['target_acc']:.3f})", "1"]
             cells += [f"{s[f'{key}_mean']:.3f} (baseline)" for key, _ in extra]
         else:
             r = d["rollout_ratio"]
-            ratio = (f"{r['geo_mean']:.2f}" + (f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "")
-                     if r["geo_mean"] is not None else
-                     f"n/a: {baseline} starts at or above its final value on {r['at_start']} seeds" if r.get("at_start")
-                     else f"never on {r.get('never', '?')}/{r['n']} seeds")
-            cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio]
+            ratio = (_ratio(r, baseline) if not r.get("at_start") or r["geo_mean"] is not None else
+                     f"n/a: {baseline} starts at or above its final value on {r['at_start']} seeds")
+            cells = [_ci(d["final_acc"]), _ci(d["auc"]), ratio, _ratio(d["gain_ratio"], baseline)]
             cells += [f"{s[f'{key}_mean']:.3f} ({_ci(d[key])})" for key, _ in extra]
         lines.append(f"| {s['arm']} | {s['final_acc_mean']:.3f} ± {s['final_acc_std']:.3f} "
                      f"| {s['auc_mean']:.3f} ± {s['auc_std']:.3f} | " + " | ".join(cells)
@@ -281,4 +406,5 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
                      f"(AUC: {min(d['auc_min_detectable'] for d in diffs):.3f} to "
                      f"{max(d['auc_min_detectable'] for d in diffs):.3f}).")
     lines += [("\n" if i == 0 else "") + f for i, f in enumerate(footer)]
-    return "\n".join(lines)
+    sensitivity = sensitivity_table(diffs, metric, baseline)
+    return "\n".join(lines + ([sensitivity] if sensitivity else []))

@@ -441,3 +441,56 @@ def test_toy_reason_has_its_own_regime_and_the_others_keep_theirs():
     for model in ("toy", "toy-strong"):
         args, _ = compare.parse_args(["--model", model])
         assert (args.steps, args.eval_every) == (100, 25) and model not in compare.MODEL_REGIMES
+
+
+def test_interpolated_reach_and_gain_target_by_hand():
+    x, y = np.array([0.0, 100.0, 200.0, 300.0]), np.array([0.2, 0.4, 0.3, 0.5])
+    assert stats.rollouts_to_reach_interpolated(x, y, 0.3) == pytest.approx(50.0)  # halfway up the first rise
+    assert stats.rollouts_to_reach_interpolated(x, y, 0.2) == 0.0 and stats.rollouts_to_reach_interpolated(x, y, 0.6) is None
+    # plateau: the last PLATEAU_EVALS = 4 evaluations but never the start: (0.4 + 0.3 + 0.5) / 3 = 0.4
+    assert stats.plateau(y) == pytest.approx(0.4)
+    assert stats.gain_target({"acc": list(y)}, 0.5) == pytest.approx(0.2 + 0.5 * 0.2)
+    assert stats.gain_target({"acc": [0.5, 0.4, 0.45]}) is None  # no gain to reach a share of
+
+
+def _made_up_runs(draw: int, time_constant: float, speed: float) -> list[dict]:
+    """8 paired seeds of uniform and an arm whose true curve is uniform's run `speed` times faster:
+    acc(x) = 0.26 + 0.22 (1 - exp(-speed x / time_constant)) at 7 evaluations 5,120 rollouts apart,
+    each with Gaussian noise of sd 0.012 (one avg@8 evaluation's standard error on toy-reason); the
+    two arms of a seed share their start (the same initial model)."""
+    x = np.arange(7) * 5120.0
+    rng = np.random.default_rng(draw)
+    runs = []
+    for seed in range(8):
+        start = 0.26 + rng.normal(0, 0.008)
+        for arm, sp in (("uniform", 1.0), ("arm", speed)):
+            y = 0.26 + 0.22 * (1 - np.exp(-sp * x / time_constant)) + rng.normal(0, 0.012, len(x))
+            y[0] = start
+            runs.append({"arm": arm, "seed": seed, "rollouts": list(x), "acc": list(y), "final_acc": y[-1],
+                         "auc": stats.auc(x, y), "avg_se": [0.012] * len(x), "zero_signal_group_share": 0,
+                         "zero_signal_rollout_share": 0, "train_seconds": 1, "prompts_at_min_budget": 0})
+    return runs
+
+
+def test_gain_share_ratio_is_not_a_speed_up_on_a_noisy_plateau_and_finds_a_real_one():
+    """The table's second rollouts measure (80% of each seed's uniform gain, interpolated) on made-up
+    curves, 40 draws each. An arm whose true curve IS uniform's must not come out faster beyond the
+    measure's own noise, whether the curves are flat from the first evaluation on (as toy-reason's
+    are) or rise over several: its 95% CI holds 1 in >= 36 of 40 draws and its geometric mean stays
+    in [0.85, 1.2]; moving the target by a fifth of one evaluation's standard error moves it by
+    < 0.05 on the flat curves (where "uniform's final value" can move by an evaluation interval).
+    An arm twice as fast, on curves the evaluation grid resolves, comes out faster in every draw
+    (CI below 1, geometric mean <= 0.65)."""
+    share = f"{stats.GAIN_SHARE:.0%}"
+    for time_constant in (2500.0, 10000.0):
+        diffs = [stats.compare_arms(_made_up_runs(d, time_constant, 1.0))[1][0] for d in range(40)]
+        ratios = [d["gain_ratio"] for d in diffs]
+        assert sum(r["lo"] <= 1 <= r["hi"] for r in ratios) >= 36, time_constant
+        assert all(0.85 <= r["geo_mean"] <= 1.2 for r in ratios), [r["geo_mean"] for r in ratios]
+        if time_constant == 2500.0:
+            for d in diffs:
+                at = d["gain_ratio"]["geo_mean"]
+                for sign in "-+":
+                    assert abs(d["reach_sensitivity"][f"{share} of the gain, target {sign} SE/5"]["geo_mean"] - at) < 0.05
+    faster = [stats.compare_arms(_made_up_runs(d, 10000.0, 2.0))[1][0]["gain_ratio"] for d in range(40)]
+    assert all(r["hi"] < 1 and r["geo_mean"] <= 0.65 for r in faster), [(r["geo_mean"], r["hi"]) for r in faster]
