@@ -8,7 +8,7 @@ paper (CoBA-RL, arXiv 2602.03048) and one training step of train.py:
     Part 2  GRPO on ragged groups            paper §2.1, App. C; DeepSeekMath grpo.py
     Part 3  the capability value             paper §2.3, eqs. 4-9             coba.py
     Part 4  Algorithm 1                      paper §2.4, App. A               allocate.py
-    Part 5  experiments + written answers    paper §3 (graded by hand)        compare.py, stats.py
+    Part 5  experiments + written answers    paper §3 (graded by hand)        compare.py, harness/stats.py
 
 Commands:
     python assignment.py build [--out handout]      student version of the project + ASSIGNMENT.md
@@ -21,7 +21,7 @@ How it works, and why:
     name and keeps its signature and docstring (the contract the student codes against); the body
     becomes `raise NotImplementedError("Part N: ...")`. A listed function that no longer exists is
     a one-line error, so the table below cannot silently drift from the code.
-  - Everything else (train.py wiring, toy.py, rollout.py, the tests) is copied as it is, so a
+  - Everything else (train.py wiring, toy.py, engines/rollout.py, the tests) is copied as it is, so a
     student who finishes all four parts can run `python train.py`. Left out: results/, the
     README's Results section and docs/results.md (Part 5 asks the student to produce and explain
     them; the two keep a one-line pointer so links resolve), tests/test_assignment.py (it needs
@@ -69,7 +69,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from paths import check_path
+from harness.paths import check_path
 
 REPO = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT_S = 300  # per part; the solution's slowest part (GRPO, a tiny Qwen2) takes ~10 s
@@ -503,7 +503,7 @@ def handout_text(solution: dict, repo: Path = REPO) -> str:
         One training step of `train.py` is: allocate B_i rollouts to each of M prompts (**Part 4**, from
         the value of **Part 3**) -> generate -> score each rollout (**Part 1**) -> update the pass rates and
         the failure rate -> GRPO advantages and loss on groups of unequal size (**Part 2**) -> optimizer step.
-        The wiring (`train.py`, `rollout.py`, `evaluate.py`), the toy task and model (`toy.py`) and all tests are complete.
+        The wiring (`train.py`, `engines/rollout.py`, `harness/evaluate.py`), the toy task and model (`toy.py`) and all tests are complete.
         The functions you write raise `NotImplementedError("Part N: ...")` until you do. Some docstrings
         cite `docs/method-sources.md`, which says where each equation and default comes from (the paper,
         the authors' released code, or this project): what you need from it is in the docstrings and below.
@@ -949,7 +949,7 @@ def main(argv=None) -> int:
     sub.add_parser("check", help="isolation check: each part 0 on its stub, full alone, no effect on others")
     args = ap.parse_args(argv)
 
-    # every path flag is checked before anything is built or graded (paths.py): '' is not "here"
+    # every path flag is checked before anything is built or graded (harness/paths.py): '' is not "here"
     if args.command == "build":
         out = check_path("--out", args.out, "dir")
         build(out)

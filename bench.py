@@ -30,7 +30,7 @@ Writes nothing but stdout.
     python bench.py generate [--models toy smollm2-135m] [-M 8] [-G 8] [-T 48]
 
 `generate`: step 3 of the CoBA-RL loop (docs/method-sources.md §3, B_i rollouts per prompt) by both of
-rollout.py's backends on one machine, side by side: HF `generate` (rollout.generate_groups without a
+engines/rollout.py's backends on one machine, side by side: HF `generate` (rollout.generate_groups without a
 generator, one batch of M x G rows) and vLLM's engine (rollout.VLLMGenerator, M requests with
 n = G). Each timed vLLM call pushes the weights first, as every training step does. Prints
 rollouts/s and completion tokens/s of each, and their ratio. Needs vLLM (on CPU: a venv made by
@@ -121,7 +121,7 @@ def project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, sp
     """One uniform-budget GRPO step of train.py (rl_step's steps 3-7 with B_i = G) with `flags`."""
     import grpo
     import train
-    from rollout import collate, decode, generate_groups, sampler_logps_tensor
+    from engines.rollout import collate, decode, generate_groups, sampler_logps_tensor
 
     sampler, shared_fwd, shared_prefill = flags
     M, G = len(prompts), spec["G"]
@@ -351,7 +351,7 @@ def machine() -> str:
 # ----------------------------------------------------------------------------------------------
 def _model_dir(name: str) -> str:
     """An HF directory both backends load: the cached toy, or SmolLM2's GGUF de-quantized once."""
-    import rollout
+    from engines import rollout
 
     if name == "toy":
         import toy
@@ -384,7 +384,7 @@ def bench_generate(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rollout
+    from engines import rollout
 
     torch.set_num_threads(args.threads)
     M, G, T = args.M, args.G, args.T
@@ -425,7 +425,7 @@ def bench_generate(args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# dist: the toy step at 1 and 2 (or more) processes under torchrun (dist.py, issue 35)
+# dist: the toy step at 1 and 2 (or more) processes under torchrun (engines/dist.py, issue 35)
 # ----------------------------------------------------------------------------------------------
 def dist_run(nproc: int, opts, out: str, fsdp: bool = False) -> list[float]:
     """One `torchrun --nproc_per_node nproc train.py` of the toy; its steps' wall seconds after warm-up
@@ -452,7 +452,7 @@ def bench_dist(opts) -> dict:
 
     print(f"{machine()} (1-min; before), load averages {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
-    # rows: (processes, --fsdp); with --fsdp every count above 1 also runs sharded (dist.py's rules)
+    # rows: (processes, --fsdp); with --fsdp every count above 1 also runs sharded (engines/dist.py's rules)
     rows = [(n, False) for n in opts.nproc] + [(n, True) for n in opts.nproc if opts.fsdp and n > 1]
     times: dict[tuple, list[float]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,13 +28,13 @@ Design (issue 12), so that a difference, if there is one, can be seen:
   every arm the same initial model, the same prompt order and the same held-out set, so arm -
   uniform is compared seed by seed (paired t, 95% CI) and the seed-to-seed noise cancels. The
   table also states the smallest difference the design could detect (80% power, alpha = .05).
-  The statistics and the table are stats.py's (compare_arms, markdown_table).
+  The statistics and the table are harness/stats.py's (compare_arms, markdown_table).
 - Resumable: each run lives in OUT/runs/<arm>-seed<s> (its output in train.out); a finished run is
   reused only if its recorded train.py flags are the ones this sweep gives it (else a one-line
   error: another --out, or --redo-mismatched), an interrupted one continues with train.py --resume.
   Ctrl-C or SIGTERM starts no more runs and passes SIGINT to the running ones (they checkpoint and
   exit); a failed run is reported at once with its output's tail and stops the queue the same way
-  (sweep.py runs the processes).
+  (harness/sweep.py runs the processes).
   Per-run summaries go to PRESET/runs.jsonl as runs finish, so partial results survive a stop.
 - Results files are replaced whole (temp file + rename) and never by fewer runs than they hold:
   runs.jsonl only gains or updates runs; a table that would drop runs is refused. runs.jsonl is
@@ -50,7 +50,7 @@ divided by its span); rollouts to first reach uniform's mean final value, and it
 uniform's on the same seed (geometric mean, CI on the log ratio; "n/a" where uniform starts at or
 above its final value). A last column says over how many prompts each step's gradient is spread
 (signal_prompts: the effective number of groups with non-zero advantage). The footer states the standard
-error of one evaluation over the held-out set (stats.evaluation_noise: avg@k's as evaluate.py logs it).
+error of one evaluation over the held-out set (stats.evaluation_noise: avg@k's as harness/evaluate.py logs it).
 Runs without avg@k (the greedy-only results of issue 12) are tabled on greedy
 accuracy, with a note. Evaluation every 25 steps: avg@8 on 1,024 problems costs ~14 s an evaluation
 here, against ~2.3 s a training step (measured; see PRESETS). `--model NAME` runs every arm on
@@ -74,11 +74,11 @@ from pathlib import Path
 
 import numpy as np
 
-import paths
+from harness import paths
 from plots import budget_by_pass_rate, plot_comparison
-from stats import (auc, compare_arms, evaluation_noise, markdown_table, oracle_stats,  # paired t, CIs, power,
+from harness.stats import (auc, compare_arms, evaluation_noise, markdown_table, oracle_stats,  # paired t, CIs, power,
                    signal_prompts, t_quantile)  # per-run statistics and the table
-from sweep import run_queue, sigint_when_parent_dies  # train.py processes, N at a time, stopped cleanly
+from harness.sweep import run_queue, sigint_when_parent_dies  # train.py processes, N at a time, stopped cleanly
 
 REPO = Path(__file__).resolve().parent
 
@@ -202,7 +202,7 @@ def read_log(run_dir: Path) -> list[dict]:
     """The run's JSONL records (checkpoint.read_log: a torn last line of a killed run is dropped)."""
     if not (run_dir / "log.jsonl").exists():
         return []
-    import checkpoint  # torch comes with it; only needed once runs exist
+    from engines import checkpoint  # torch comes with it; only needed once runs exist
 
     return checkpoint.read_log(run_dir / "log.jsonl")
 
@@ -222,7 +222,7 @@ def equal_rollout_flags(arm: str, extra: list[str]) -> list[str]:
     train.py resolves it from the sweep's flags. [] for every other arm."""
     if not spends_per_update_vary(arm):
         return []
-    import cli
+    from harness import cli
 
     ap = cli.build_parser()
     ap.prog = "compare.py (a flag passed on to train.py)"
@@ -234,8 +234,8 @@ def equal_rollout_flags(arm: str, extra: list[str]) -> list[str]:
 def expected_config(flags: list[str]) -> dict:
     """train.py's run_config for these flags, as its log and checkpoints record it (JSON round trip).
     A bad flag is train.py's one-line argparse error, here, before any run starts."""
-    import cli
-    from checkpoint import run_config
+    from harness import cli
+    from engines.checkpoint import run_config
 
     ap = cli.build_parser()
     ap.prog = "compare.py (a flag passed on to train.py)"
@@ -271,7 +271,7 @@ def config_diffs(recorded: dict, expected: dict, defaults: dict) -> list[str]:
 
 def user_train_flags(flags: list[str]) -> set:
     """The train.py options named in `flags` (abbreviations resolved by train.py's own parser)."""
-    import cli
+    from harness import cli
 
     ap = cli.build_parser()
     for action in ap._actions:
@@ -291,7 +291,7 @@ def mismatched_runs(jobs, out: Path, extra: list[str]) -> dict:
         recorded = recorded_config(run_dir)
         if recorded is None:
             continue
-        import cli
+        from harness import cli
 
         defaults = json.loads(json.dumps(vars(cli.build_parser().parse_args([]))))
         diffs = config_diffs(recorded, expected_config(train_argv(arm, seed, extra)), defaults)
@@ -314,7 +314,7 @@ def stored_runs(jobs, out: Path, extra: list[str], store: dict, old_config: dict
             made_with = [*old_config["arms"][arm], "--seed", str(seed), *old_config.get("train_flags", [])]
         if made_with is None:
             continue
-        import cli
+        from harness import cli
 
         defaults = json.loads(json.dumps(vars(cli.build_parser().parse_args([]))))
         found[(arm, seed)] = config_diffs(expected_config(made_with), expected_config(train_argv(arm, seed, extra)),
@@ -414,7 +414,7 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
     ("metric") is held-out avg@k (k samples at T = 1.0, top-p 0.9: the paper's avg@16, ours k = 8)
     when the run logged it, else greedy accuracy; "acc", "final_acc", "auc" are the primary's.
     Greedy accuracy and pass@k ride along as secondary metrics."""
-    from evaluate import curve, hardest_level  # the eval records, read back (torch comes with it: runs exist)
+    from harness.evaluate import curve, hardest_level  # the eval records, read back (torch comes with it: runs exist)
 
     config = next((r for r in log if r["type"] == "config"), {})
     evals = [r for r in log if r["type"] == "eval"]

@@ -18,7 +18,7 @@ no held-out evaluation runs (--eval-size 0). It uses whatever torch and transfor
 
     python gpu_check.py             # one CUDA GPU, ~5-8 min
     python gpu_check.py --tiny      # this script on a 2-layer model on CPU, < 1 min
-    python gpu_check.py --use-peft  # the same with LoRA (train.py --use-peft, lora.py): memory for 16-24 GB GPUs
+    python gpu_check.py --use-peft  # the same with LoRA (train.py --use-peft, engines/lora.py): memory for 16-24 GB GPUs
 
 vLLM is not part of this check (the lent GPU machines have no package index to install it);
 what only a GPU run can tell about the vLLM path is listed in the README.
@@ -39,7 +39,7 @@ import torch
 
 import toy
 import train
-from paths import check_path
+from harness.paths import check_path
 
 QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
           f"device {torch.cuda.get_device_name() if on_gpu else 'cpu'}")
-    # --out '' is an error, not a silent temp dir (paths.py)
+    # --out '' is an error, not a silent temp dir (harness/paths.py)
     root = (check_path("--out", opts.out, "dir") if opts.out is not None
             else Path(tempfile.mkdtemp(prefix="coba-gpu-check-")))
     model_dir = build_random_model(root / "model", TINY if opts.tiny else QWEN25_15B,

@@ -60,7 +60,7 @@ import inspect
 
 import torch
 
-import dist
+from engines import dist
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
 
@@ -472,7 +472,7 @@ def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None
         normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
         for rows, pad in dist.micro_batches(global_chunk, rows_global, N_all, micro, sharded, by_prompt=shared):
             logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
-            if pad:  # --fsdp: a micro-batch of weight 0, so that every rank runs as many (dist.py rule 2)
+            if pad:  # --fsdp: a micro-batch of weight 0, so that every rank runs as many (engines/dist.py rule 2)
                 (logps.sum() * 0.0).backward()
                 continue
             old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]

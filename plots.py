@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paths import check_no_links, check_path
+from harness.paths import check_no_links, check_path
 
 PASS_BINS = np.linspace(0, 1, 11)  # pass-rate bins of the budget-vs-pass-rate figures
 EVAL_META = ("type", "step", "rollouts")  # eval record keys that are not an accuracy
@@ -67,7 +67,7 @@ def _save(fig, path: Path) -> Path:
 
 def read_run(run_dir: Path) -> list[dict]:
     """A run directory's JSONL records (checkpoint.read_log: a torn last line is dropped)."""
-    from checkpoint import read_log
+    from engines.checkpoint import read_log
 
     path = Path(run_dir) / "log.jsonl"
     if not path.exists():
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         print(f"{drawn}:", *lines, sep="\n")  # a lab a line, then its sweeps one by one
         if args.method_figure is None and not args.run_dirs:
             return [drawn]
-    for d in args.run_dirs:  # every directory checked before any figure is drawn (paths.py)
+    for d in args.run_dirs:  # every directory checked before any figure is drawn (harness/paths.py)
         check_path("RUN_DIR", d, "dir", exists=True)
         check_path("RUN_DIR", str(Path(d) / "plots"), "dir")
         check_no_links("RUN_DIR", Path(d), lambda name: name == "plots")

@@ -72,7 +72,7 @@ from pathlib import Path
 
 import torch
 
-from paths import check_path
+from harness.paths import check_path
 
 REPO = Path(__file__).resolve().parent
 # The cache directory can be moved (e.g. CI with a read-only checkout) with COBA_CACHE.
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"rerun the warm-up of a shipped model ({', '.join(TOY_MODELS)}) and print its hash")
     ap.add_argument("--out", default=None, help="where --rebuild writes (default COBA_CACHE/rebuild-NAME)")
     args = ap.parse_args(argv)
-    out = None if args.out is None else check_path("--out", args.out, "dir")  # '' is not "here" (paths.py)
+    out = None if args.out is None else check_path("--out", args.out, "dir")  # '' is not "here" (harness/paths.py)
     if args.rebuild:
         path = build_toy_model(args.rebuild, out)
         same = weights_sha256(path) == SHA256[args.rebuild]

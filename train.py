@@ -8,7 +8,7 @@ One step of the loop below, in the order of docs/method-sources.md §3:
 
     1. sample M prompts                     (data.PromptSampler)
     2. allocate B_i from (p_i, alpha_t, beta_t, tau)   -> allocate.allocate_budgets  (Algorithm 1)
-    3. generate B_i completions per prompt  (rollout.py: HF generate; vLLM on GPU)
+    3. generate B_i completions per prompt  (engines/rollout.py: HF generate; vLLM on GPU)
     4. reward each completion               -> verify.rewards  (binary, RLVR)
     5. update pass rates and F_t            -> coba.CapabilityTracker.update  (eqs. 1, 4)
     6. group advantages (ragged groups)     -> grpo.group_advantages
@@ -19,15 +19,15 @@ With no arguments it trains the tiny offline model of toy.py on CPU in a few min
 train.py`); the paper's setting on one GPU: `python train.py --model Qwen2.5-1.5B --dataset math --use-vllm`.
 rl_step below is that one step, one call per step of the list; each arm beside the paper's is one
 call behind its name (docs/arms.md): DAPO's refill (--dynamic-sampling: dapo_rollouts; its blocks and
-accounting in dynamic_sampling.py), our in-step probe (--probe: probe_then_allocate), MoPPS's prompt
+accounting in arms/dynamic_sampling.py), our in-step probe (--probe: probe_then_allocate), MoPPS's prompt
 choice (--prompt-selection mopps: run.sampler) and the coba-oracle diagnostic (--pass-rate-source
 oracle: oracle_pass_rates). App. C's mini-batch update is grpo.policy_update. Kept out of this file:
-evaluation the paper's way and --eval-only (evaluate.py); the flags, presets and every refusal
-(cli.py); data files (data.py); safe stop and exact resume (checkpoint.py); LoRA and its KL reference
-(--use-peft: lora.py); everything of several processes (`torchrun --nproc_per_node N train.py`,
-dist.py), which shows here as one Share per step (the whole groups this rank generates and trains
+evaluation the paper's way and --eval-only (harness/evaluate.py); the flags, presets and every refusal
+(harness/cli.py); data files (harness/data.py); safe stop and exact resume (engines/checkpoint.py); LoRA and its KL reference
+(--use-peft: engines/lora.py); everything of several processes (`torchrun --nproc_per_node N train.py`,
+engines/dist.py), which shows here as one Share per step (the whole groups this rank generates and trains
 on), the gather after generation (the tracker, advantages and log see the whole step on every rank)
-and this rank's micro-batches of each mini-batch; --fsdp shards the model (dist.py's three rules).
+and this rank's micro-batches of each mini-batch; --fsdp shards the model (engines/dist.py's three rules).
 Left out on purpose: DeepSpeed, sharded checkpoint files (torch.distributed.checkpoint), async rollouts.
 Tests: tests/test_train.py; each step's wiring: tests/test_step.py (the paper's arm), tests/test_arms.py
 (knapsack, coba-released, --probe), tests/test_arms_dapo_mopps.py (dapo, mopps, mopps+coba),
@@ -52,23 +52,23 @@ import torch
 
 import allocate
 import coba
-import dist
-import dynamic_sampling
+from engines import dist
+from arms import dynamic_sampling
 import grpo
-import lora
+from engines import lora
 import plots
-import tracking
+from engines import tracking
 import verify
-from checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, find_checkpoint, finished_summary,
+from engines.checkpoint import (GracefulInterrupt, RunLock, changed_flags, check_identity, find_checkpoint, finished_summary,
                         nonfinite, prepare_run_dir, remove_run, resume_every_rank, run_config, save_checkpoint,
                         saved_config)
-from cli import (build_parser, check_launch, closing_line, progress_bars,  # the command line: flags, presets,
+from harness.cli import (build_parser, check_launch, closing_line, progress_bars,  # the command line: flags, presets,
                  resolve_args)  # range checks and refusals, and what it prints at the end
-from data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
-from evaluate import eval_due, eval_only, evaluate_inside, final_summary, run_eval  # avg@k, pass@k, greedy; --eval-only
+from harness.data import PromptSampler, check_candidates, data_identity, fit_prompt_length, format_prompt, load_data, make_sampler
+from harness.evaluate import eval_due, eval_only, evaluate_inside, final_summary, run_eval  # avg@k, pass@k, greedy; --eval-only
 from grpo import policy_update  # App. C's mini-batch update: the clipped surrogate's optimizer steps
-from models import default_device, device_and_amp, identity_for, load_model_and_tokenizer
-from rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
+from harness.models import default_device, device_and_amp, identity_for, load_model_and_tokenizer
+from engines.rollout import VLLMGenerator, collate, decode, generate_groups, merge_groups, sampler_logps_tensor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ class Run:
     amp: object  # () -> context manager: bf16 autocast for forward passes (--bf16), else a no-op
     counters: dict  # rollouts and seconds so far (saved in checkpoints)
     log: object = None
-    reporter: tracking.Tracker | None = None  # --report-to and --log-completions (tracking.py)
+    reporter: tracking.Tracker | None = None  # --report-to and --log-completions (engines/tracking.py)
 
     def write(self, record: dict) -> None:
         self.log.write(json.dumps(record) + "\n")
@@ -303,7 +303,7 @@ def sample_and_reward(run: Run, roll: StepRollouts, budgets: list[int], round_: 
     seed (vLLM's request seeds; HF draws from the global torch RNG): by default one per (step, round)."""
     args = run.args
     t_gen = time.time()
-    with run.amp(), dist.gathered(run.model):  # --fsdp: whole weights while decoding (dist.py rule 1)
+    with run.amp(), dist.gathered(run.model):  # --fsdp: whole weights while decoding (engines/dist.py rule 1)
         completions = generate_groups(
             run.model, run.tokenizer, roll.prompt_tok_m, budgets, max_new_tokens=args.max_completion_length,
             temperature=args.temperature, top_p=args.top_p, batch_size=args.generation_batch_size,

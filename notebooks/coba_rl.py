@@ -19,7 +19,7 @@
 # A lecture notebook for [coba-rl](../README.md), a small implementation of **CoBA-RL**
 # (Capability-Oriented Budget Allocation, [arXiv 2602.03048](https://arxiv.org/abs/2602.03048)) on
 # top of GRPO. Read it beside the paper. Every number below comes from the project's own functions
-# (`verify.py`, `coba.py`, `allocate.py`, `grpo.py`, `rollout.py`, `toy.py`) or from `train.py`'s
+# (`verify.py`, `coba.py`, `allocate.py`, `grpo.py`, `engines/rollout.py`, `toy.py`) or from `train.py`'s
 # command line; nothing is re-implemented here.
 #
 # 1. The task and the policy: worked solutions and their verifiable reward
@@ -95,9 +95,9 @@ from IPython.display import Image, Markdown, clear_output, display
 import allocate
 import coba
 import grpo
-import models
+from harness import models
 import plots
-import rollout
+from engines import rollout
 import toy
 import verify
 

@@ -22,7 +22,7 @@ import copy
 import numpy as np
 import pytest
 
-import checkpoint
+from engines import checkpoint
 import coba
 import train
 from test_step import BASE, FixedRollouts, is_correct

@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import checkpoint
+from engines import checkpoint
 import coba
 import compare
-import data
-import dynamic_sampling
-import stats
+from harness import data
+from arms import dynamic_sampling
+from harness import stats
 import train
-from dynamic_sampling import Group
+from arms.dynamic_sampling import Group
 from test_arms import check_arm, run_arm
 from test_step import is_correct
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import compare
-import stats
+from harness import stats
 
 
 def test_quick_compare_writes_results_plots_and_resumes(tmp_path, toy_model_dir):
@@ -78,7 +78,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
                         (["--alloc", "knapsack"], "--allocator would override .* use --arms"),
                         (["--learning-rte", "0.01"], "unrecognized arguments: --learning-rte")):
         (tmp_path / "f").write_text("x")
-        with pytest.raises(SystemExit) as exc:  # argparse's usage line + error, or one `error: ...` (paths.py)
+        with pytest.raises(SystemExit) as exc:  # argparse's usage line + error, or one `error: ...` (harness/paths.py)
             compare.parse_args(argv)
         assert re.search(words, capsys.readouterr().err + str(exc.value.code)), words
     # explicit values win over --quick's (they used to be replaced by 6 and 3 without a word)

@@ -1,11 +1,11 @@
-"""Data-parallel training under torchrun (dist.py, issue 35): 2 CPU processes with gloo, the toy.
+"""Data-parallel training under torchrun (engines/dist.py, issue 35): 2 CPU processes with gloo, the toy.
 
 - balanced_partition alone: every group whole on one rank, imbalance at most one group, uniform
   budgets split evenly;
 - one process vs 2 ranks on the same (injected) rollouts: the same weights after each step, the same
   tracker and the same next allocation, each rank generating only its own whole groups;
 - --fsdp (FSDP2 shards the model): the same weights, tracker and allocation as one process, with
-  micro-batches of 3 rows so that ranks run different numbers of them unless padded (dist.py rule 2);
+  micro-batches of 3 rows so that ranks run different numbers of them unless padded (engines/dist.py rule 2);
 - a 2-rank run whose rank 1 is killed (SIGKILL) leaves its last checkpoint whole, and --resume from
   it ends exactly (bit for bit) where an uninterrupted 2-rank run ends: model, optimizer and
   every rank's RNG (real HF sampling, so rank 1's restored RNG decides its rollouts).
@@ -27,8 +27,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoint
-import dist
+from engines import checkpoint
+from engines import dist
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "dist_worker.py")
@@ -285,7 +285,7 @@ def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
     import contextlib
     import types
 
-    import evaluate
+    from harness import evaluate
 
     asked = []
 
@@ -308,7 +308,7 @@ def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_di
     are its own draws, not rank 0's again), and inside every evaluation; rank 0 keeps --seed, so one
     process is unchanged. In one process, with dist.current() standing in for rank 0 and rank 1 of 2;
     a stand-in evaluation records the draws it would sample from."""
-    import evaluate
+    from harness import evaluate
     import train
 
     def draws(rank: int):
@@ -340,7 +340,7 @@ def test_policy_update_adds_its_metrics_and_the_vllm_gap_over_ranks(monkeypatch,
     import train
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rollout
+    from engines import rollout
 
     tok = AutoTokenizer.from_pretrained(toy_model_dir)
     model = AutoModelForCausalLM.from_pretrained(toy_model_dir)
@@ -374,7 +374,7 @@ def test_evaluation_gathers_every_ranks_outcomes(monkeypatch, toy_model_dir):
     """Under torchrun rank r evaluates problems r, r + W, ... and the accuracies are over every rank's
     outcomes. Rank 0 of 2 in one process: its own 4 of 8 problems are scored wrong (a stand-in verifier),
     the other rank's 4 right (a stand-in gather): greedy, avg@2 and pass@2 are 4/8, not rank 0's 0."""
-    import evaluate
+    from harness import evaluate
     import train
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -159,13 +159,13 @@ class Parsed(Exception):
 def parse_with_script(script: str, argv: list[str], monkeypatch) -> None:
     """Parse argv with the script's own parser; SystemExit (argparse's error) if it refuses."""
     name = script[:-3]
-    if name == "train":  # its parser lives in cli.py; main() would train
-        import cli
+    if name == "train":  # its parser lives in harness/cli.py; main() would train
+        from harness import cli
 
         cli.build_parser().parse_args(argv)
         return
     if name == "compare":  # its own flags, then the rest go to train.py's parser
-        import cli
+        from harness import cli
         import compare
 
         _, train_flags = compare.parse_args(argv)

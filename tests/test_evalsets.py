@@ -13,8 +13,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-import data
-import evaluate
+from harness import data
+from harness import evaluate
 import train
 import verify
 
@@ -222,7 +222,7 @@ def test_training_and_eval_only_choose_device_and_autocast_alike():
 
     import torch
 
-    from models import device_and_amp
+    from harness.models import device_and_amp
     device, bf16, amp = device_and_amp(argparse.Namespace(device="cpu", bf16=None))
     with amp():
         plain = torch.ones(2, 3) @ torch.ones(3, 2)
@@ -242,7 +242,7 @@ def test_one_default_device_for_training_bf16_and_process_group(monkeypatch):
 
     import torch
 
-    from models import default_device, device_and_amp
+    from harness.models import default_device, device_and_amp
     assert default_device("cpu") == "cpu" and default_device("cuda:1") == "cuda:1"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device(None) == "cuda"

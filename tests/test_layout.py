@@ -1,26 +1,44 @@
-"""The project's shape (issues 21, 43): flat scripts in layers, no file importing one above it, and
-a train.py that reads like the paper's loop (no function over ~60 lines).
+"""The project's shape: the paper on top, the machinery beneath, no file importing one above it,
+and a train.py that reads like the paper's loop (no function over ~60 lines).
 
-Layers, bottom up: paths, dist, lora, dynamic_sampling, stats, sweep (import nothing of ours) ->
-toy/verify/coba/allocate/grpo -> data, models -> rollout -> checkpoint -> tracking -> cli, plots ->
-evaluate -> train -> compare/assignment/bench/gpu_check. A cycle (even through an import inside a
-function) means two files each need the other to be read first, which is what the split removed."""
+The root holds the paper's files (coba.py, allocate.py, grpo.py, verify.py, train.py) and the
+scripts users run by name (compare, plots, bench, gpu_check, toy, assignment); everything else lives
+in a folder that says what it holds: engines/ (generation, LoRA, torchrun, checkpoints, tracking),
+arms/ (the baselines and diagnostics beside the paper's arm), harness/ (flags, data, models,
+evaluation, statistics, sweeps, paths). A cycle (even through an import inside a function) means
+two files each need the other to be read first."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = {p.stem: p for p in ROOT.glob("*.py")}
+PACKAGES = ("engines", "arms", "harness")
+PAPER = ("coba", "allocate", "grpo", "verify", "train")
+SCRIPTS = ("compare", "plots", "bench", "gpu_check", "toy", "assignment")
+MODULES = {p.stem: p for p in ROOT.glob("*.py")} | {
+    p.stem: p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py") if p.stem != "__init__"}
 
 
 def project_imports(path: Path) -> set[str]:
-    """Project modules a file imports anywhere in it (top level or inside a function)."""
+    """Project modules a file imports anywhere in it (top level or inside a function); a module of
+    a package counts under its own name (`from engines import rollout`, `engines.rollout`)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[0] for a in node.names}
+            found |= {a.name.split(".")[-1] if a.name.split(".")[0] in PACKAGES else a.name.split(".")[0]
+                      for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
+            parts = node.module.split(".")
+            if parts[0] in PACKAGES:
+                found |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+            else:
+                found.add(parts[0])
     return (found & MODULES.keys()) - {path.stem}
+
+
+def test_the_root_shows_the_paper_and_the_scripts_users_run():
+    assert {p.stem for p in ROOT.glob("*.py")} == set(PAPER) | set(SCRIPTS)
+    for pkg in PACKAGES:
+        assert (ROOT / pkg / "__init__.py").is_file(), pkg
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -54,7 +72,7 @@ def test_no_file_imports_one_above_it():
     graph = {m: project_imports(p) for m, p in MODULES.items()}
     assert graph["train"] >= {"coba", "allocate", "grpo", "verify", "data", "checkpoint", "rollout"}  # parsed
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
-    assert graph["paths"] == set(), "paths.py is every script's path check: it imports nothing of ours"
+    assert graph["paths"] == set(), "harness/paths.py is every script's path check: it imports nothing of ours"
     for pure in ("dynamic_sampling", "stats", "sweep"):  # pure helpers: tests drive them without a model
         assert graph[pure] == set(), pure
     for low in ("coba", "allocate", "grpo", "verify", "toy", "data", "models", "checkpoint", "dist", "lora",

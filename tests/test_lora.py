@@ -1,4 +1,4 @@
-"""LoRA (--use-peft, lora.py) on the toy, on CPU. Run: python -m pytest -q tests/test_lora.py
+"""LoRA (--use-peft, engines/lora.py) on the toy, on CPU. Run: python -m pytest -q tests/test_lora.py
 
 What each test pins down, with the mutation it catches:
   - a step moves LoRA's A and B only, the base stays bit-identical (a base left trainable);
@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import grpo
-import lora
-import rollout
+from engines import lora
+from engines import rollout
 import train
 from test_rollout import FakeVLLM
 

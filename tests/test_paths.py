@@ -6,7 +6,7 @@ Run: python -m pytest -q tests/test_paths.py   (a few seconds; no training run f
    redraw's own argv), and says so; a table the code draws differently is reported, not silent.
    PNGs carry no matplotlib version. The figures themselves are not compared here: their pixels
    depend on matplotlib's and FreeType's release, so this test draws none (plot_comparison stubbed).
-2. Every flag that names a file or folder (paths.py): empty or blank, a file where a folder is
+2. Every flag that names a file or folder (harness/paths.py): empty or blank, a file where a folder is
    expected and the reverse, a symlinked run file in OUTPUT_DIR: one line `error: --x ...` naming
    the fix, and nothing written (the current directory stays empty).
 """
@@ -20,7 +20,7 @@ import pytest
 import assignment
 import compare
 import gpu_check
-import paths
+from harness import paths
 import plots
 import toy
 import train

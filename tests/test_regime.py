@@ -18,10 +18,10 @@ import json
 import numpy as np
 import pytest
 
-import checkpoint
+from engines import checkpoint
 import compare
-import evaluate
-import stats
+from harness import evaluate
+from harness import stats
 import train
 from test_step import BASE, FixedRollouts, is_correct
 

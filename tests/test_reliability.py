@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-import data
+from engines import checkpoint
+from harness import data
 import train
 
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",

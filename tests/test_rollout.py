@@ -1,4 +1,4 @@
-"""rollout.py: the HF path's sampling spec, and the vLLM path's contract, without vLLM or a GPU.
+"""engines/rollout.py: the HF path's sampling spec, and the vLLM path's contract, without vLLM or a GPU.
 
 Run: python -m pytest -q tests/test_rollout.py
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import rollout
+from engines import rollout
 
 # ----------------------------------------------------------------------------------------------
 # The stand-in: exactly the vLLM 0.32 surface VLLMGenerator uses (checked against the source below)
@@ -510,9 +510,9 @@ def test_gpu_check_tiny_trains_on_cpu(tmp_path):
 
 
 def test_vllm_joins_torchrun_as_external_launcher(fake_vllm, toy_model_dir, monkeypatch):
-    """Under torchrun (dist.py) each rank's engine is an external data-parallel copy (TRL's colocate
+    """Under torchrun (engines/dist.py) each rank's engine is an external data-parallel copy (TRL's colocate
     mode); in one process the argument is absent, so vLLM's own executor is used as before."""
-    import dist
+    from engines import dist
 
     fake, _ = fake_vllm
     rollout.VLLMGenerator(make_args(False), str(toy_model_dir))

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-import data
-import models
+from engines import checkpoint
+from harness import data
+from harness import models
 import train
 
 ROOT = Path(__file__).resolve().parents[1]

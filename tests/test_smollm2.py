@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-import checkpoint
-import data
+from engines import checkpoint
+from harness import data
 import train
 
 pytestmark = pytest.mark.skipif(

@@ -23,7 +23,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import grpo
-import rollout
+from engines import rollout
 import train
 
 PAD, EOS, V = 0, 1, 32

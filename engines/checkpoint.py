@@ -41,10 +41,10 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
-import data
-import dist
-import lora
-import models
+from harness import data
+from engines import dist
+from engines import lora
+from harness import models
 
 
 def rng_state() -> dict:
@@ -197,7 +197,7 @@ def save_checkpoint(out: Path, step: int, model, tokenizer, optimizer, scheduler
     run_end: the run's last step (at --steps, or its --max-rollouts spent): a LoRA run also gets merged/."""
     rank_rngs = dist.gather_object(rng_state())  # a collective: every rank, before anything can fail
     # --fsdp: each rank holds a shard; gather the full weights and optimizer state to rank 0 (a collective
-    # too), so the checkpoint has the one-process format (dist.py: full_state)
+    # too), so the checkpoint has the one-process format (engines/dist.py: full_state)
     full = dist.full_state(model, optimizer) if dist.is_sharded(model) else (None, None)
     return dist.on_rank0(write_checkpoint, out, step, model, tokenizer, optimizer, scheduler, tracker, sampler,
                          args, counters, rank_rngs, *full, run_end=run_end)

@@ -12,7 +12,7 @@ about turning argv into a checked argparse.Namespace lives here instead:
     resolve_args                       fill the presets, then reject a bad value or combination in
                                        one line that names the fix (`error: --x must be in ...`),
                                        before anything slow loads
-    check_path_flags                   its first step: every flag naming a file or folder (paths.py)
+    check_path_flags                   its first step: every flag naming a file or folder (harness/paths.py)
     check_launch                       what torchrun's processes refuse (one process only, for now),
                                        and --fsdp without torchrun: train.main calls it after
                                        resolve_args, before any process group or file
@@ -38,14 +38,14 @@ import numpy as np
 import torch
 
 import allocate
-import checkpoint
+from engines import checkpoint
 import coba
-import dist
-import paths
+from engines import dist
+from harness import paths
 import toy
-import tracking
-from data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
-from models import MODEL_ALIASES, default_device
+from engines import tracking
+from harness.data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
+from harness.models import MODEL_ALIASES, default_device
 
 PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks the M prompts
 # What a run writes, truncates or deletes at the top of OUTPUT_DIR (with checkpoint.OURS, its
@@ -249,7 +249,7 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
                    help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
                         "(rollout.SampledTokenLogps) and serve as the old policy's log-probs, instead of a "
                         "no-grad forward over all rows (--use-vllm keeps its own no-grad pass)")
-    g = ap.add_argument_group("LoRA (ours, not the paper: peft, TRL's flag names and defaults; lora.py, docs/lora.md)")
+    g = ap.add_argument_group("LoRA (ours, not the paper: peft, TRL's flag names and defaults; engines/lora.py, docs/lora.md)")
     g.add_argument("--use-peft", action="store_true",
                    help="train a LoRA adapter over a frozen base instead of all weights (memory: docs/lora.md); "
                         "with --beta > 0 the KL reference is the base itself (adapter off), no second copy")
@@ -301,7 +301,7 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard weights, gradients and AdamW state over ranks with FSDP2 (for models "
                         "whose training state does not fit one device); default: each rank holds the whole model "
-                        "(ours; dist.py says why, docs/distributed.md has the memory plan)")
+                        "(ours; engines/dist.py says why, docs/distributed.md has the memory plan)")
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 mixed precision: fp32 master weights, bf16 autocast for every forward (default: on GPU). "
                    "Pure bf16 weights would round AdamW's ~1e-6 updates away (bf16 keeps ~3 digits)")
     g.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
@@ -316,7 +316,7 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
 
 
 def check_path_flags(args: argparse.Namespace) -> None:
-    """Every flag of train.py that names a file or folder (paths.py), before anything is read or
+    """Every flag of train.py that names a file or folder (harness/paths.py), before anything is read or
     written: --output-dir a folder (not empty, not a file) holding no symlinked run file; --model and
     --dataset not empty (a local model is a folder, a .jsonl/.json/.parquet dataset an existing file);
     each --eval-files an existing file."""

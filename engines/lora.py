@@ -11,7 +11,7 @@ peft 0.21.2 does the wrapping. The flags and defaults are TRL's (trl/trainer/mod
 target modules default to `all-linear` (ours: TRL's None means peft's per-model default, q_proj and
 v_proj on Qwen2). Qwen2.5-1.5B, r = 16 on all linear layers: 18,464,768 trainable parameters (1.2%).
 
-What this file gives train.py, rollout.py and checkpoint.py (each keeps one call into it):
+What this file gives train.py, engines/rollout.py and engines/checkpoint.py (each keeps one call into it):
   wrap                 inject the adapter into the loaded transformers model (model.add_adapter,
                        peft's inject_adapter_in_model), LoRA weights in fp32 over a frozen base
   WithoutAdapter       the KL reference of --beta > 0 for free: the policy with its adapter switched

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-import lora
+from engines import lora
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -280,7 +280,7 @@ def vllm_model_dir(model_path: str, cache_dir: str | os.PathLike | None = None) 
     out = cache / f"vllm-{ggufs[0].stem}"
     if (out / "config.json").exists():
         return str(out)
-    from models import load_gguf
+    from harness.models import load_gguf
 
     print(f"vLLM: de-quantizing {ggufs[0].name} into {out} (once)")
     model, tokenizer = load_gguf(str(path), ggufs[0].name)  # as train.py loads it: bf16 values already
@@ -473,7 +473,7 @@ class VLLMGenerator:
 
 
 def external_launcher() -> dict:
-    """Under torchrun (dist.py), each rank runs its own engine on its own device, as TRL's colocate mode
+    """Under torchrun (engines/dist.py), each rank runs its own engine on its own device, as TRL's colocate mode
     does: vLLM's "external_launcher" executor joins the torch.distributed world torchrun made instead
     of spawning workers (vLLM's examples/offline_inference/torchrun_example.py). With tensor and
     pipeline parallelism 1, vLLM lays the world out as "ExternalDP x DP x PP x TP"
@@ -481,7 +481,7 @@ def external_launcher() -> dict:
     data-parallel copy that generates on its own: TRL's colocate mode passes the same arguments.
     Request seeds depend on the prompt's global index only (request_seed), so which rank generates a
     group does not change its rollouts. One process: {} (vLLM's own uniprocess executor, as before)."""
-    import dist
+    from engines import dist
 
     return {"distributed_executor_backend": "external_launcher"} if dist.current().enabled else {}
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from checkpoint import truncate_log
+from engines.checkpoint import truncate_log
 
 REPORT_TO = ("none", "tensorboard", "wandb")
 INSTALL = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb"}
