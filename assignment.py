@@ -29,7 +29,7 @@ How it works, and why:
     Part 5 asks for, and it calls the functions the student writes).
   - `grade` runs each part's tests in its own pytest subprocess with a timeout: a student function
     that hangs or kills the interpreter costs that part only. Score = points x passed / run.
-  - A submission reaches only its own part (issue 25): each part runs in a fresh folder holding the
+  - A submission reaches only its own part: each part runs in a fresh folder holding the
     project's files and pristine tests (from the grader's project, never from the submitted folder,
     which is only read) plus the four submitted files; the tests are read-only and fingerprinted
     (inode, ctime, sha256), and a part whose tests changed scores 0. Output is streamed through a
@@ -91,6 +91,9 @@ class Part:
     tests: tuple = ()      # pytest node ids that grade the part; () = graded by hand
     notes: tuple = ()      # what the tests check beyond the docstrings: text, or (text, needle) below
     questions: tuple = ()  # (id, text): written questions, answered in ANSWERS.md
+    # (file, function, body lines): a fast version of an exercise whose body, in the handout, calls the
+    # student's function instead (it would otherwise hand them a working solution)
+    delegates: tuple = ()
 
 
 PARTS = (
@@ -200,7 +203,7 @@ PARTS = (
                "the most, kept in a max-heap. Because eq. 9's marginal gain falls geometrically in B (App. A), "
                "this greedy is exactly optimal. The exact DP (`allocate_dp`) and the dispatcher are given.",
          functions=(("allocate.py", "allocate", "heap-based greedy allocation, paper §2.4 Algorithm 1"),),
-         helpers=(("allocate.py", "_setup"),),
+         helpers=(("allocate.py", "budget_grid"), ("allocate.py", "value_columns")),
          tests=("tests/test_allocate.py::test_heap_equals_dp_on_250_random_concave_cases",
                 "tests/test_allocate.py::test_heap_and_dp_equal_brute_force_on_tiny_cases",
                 "tests/test_allocate.py::test_heap_small_example_by_hand",
@@ -208,16 +211,18 @@ PARTS = (
                 "tests/test_allocate.py::test_step_moves_budgets_in_multiples_of_step",
                 "tests/test_allocate.py::test_non_concave_values_greedy_is_only_a_heuristic",
                 "tests/test_allocate.py::test_threshold_equals_heap_on_random_cases"),
-         notes=("Start from `_setup(...)`: it checks the input (budgets, step, the values' shape and sign; the "
-                "tests expect its errors) and returns the values on the budget grid as a table; its docstring "
-                "says what each returned number means.",
+         notes=("Start from `budget_grid(...)` and `value_columns(...)`: they check the input (budgets, step, the "
+                "values' shape and sign; the tests expect their errors) and give the surplus R, the deepest "
+                "level D and the values on the budget grid as a table; their docstrings say what each means.",
                 "Python's `heapq` is a min-heap: push (-gain, i). Break ties by the smaller prompt index.",
                 "Return plain python ints (train.py uses them as group sizes).",
                 "The tests compare objectives with the exact DP and brute force, not allocation vectors (optima "
                 "need not be unique). On non-concave values the greedy must still be feasible, and may be worse.",
-                ("The docstring's paragraph on work bounded in B_up describes an optimisation of the reference "
-                 "solution (value columns computed lazily, for a huge B_up). The graded tests do not need it: "
-                 "the plain heap over `_setup`'s table passes them.", "Bounded in B_up")),
+                "speedups/lazy_heap.py holds the same greedy with its values computed lazily (what training "
+                "calls); in this handout it calls your `allocate` instead, so training runs your heap."),
+         delegates=(("speedups/lazy_heap.py", "allocate_lazy",
+                     ("import allocate  # this handout: your Algorithm 1 (Part 4) stands in for the fast version",
+                      "return allocate.allocate(value_fn, num_prompts, total_budget, min_budget, max_budget, step)")),),
          questions=(("4.1", "Give a value table for two prompts and a budget on which Algorithm 1 is not optimal. "
                             "Which property of eq. 9 (App. A, Prop. 2.2) rules this out for CoBA-RL's value?"),)),
     Part(5, "Experiments and written answers", "paper §3 (Table 1, Figures 1, 4, 6)", 20,
@@ -247,6 +252,7 @@ PARTS = (
                             "headline's finished ones) and report what happened."))),
 )
 EXERCISE_FILES = sorted({f for part in PARTS for f, _, _ in part.functions})
+DELEGATE_FILES = sorted({f for part in PARTS for f, _, _ in part.delegates} - set(EXERCISE_FILES))  # not submitted
 
 
 def auto_parts(parts=PARTS) -> list[Part]:
@@ -280,8 +286,8 @@ def _docstring_node(fn: ast.FunctionDef, filename: str):
 
 def stub_source(source: str, stubs: dict, filename: str = "<source>") -> str:
     """`source` with the body of each function in `stubs` (name -> message) replaced by
-    `raise NotImplementedError(message)`; signature, decorators and docstring are kept, and so is
-    every other line of the file, byte for byte."""
+    `raise NotImplementedError(message)` (or, where the value is a tuple of lines, by those lines);
+    signature, decorators and docstring are kept, and so is every other line of the file, byte for byte."""
     functions = _top_level_functions(source, filename)
     lines = source.splitlines(keepends=True)
     nodes = [_find(functions, name, filename) for name in stubs]
@@ -291,7 +297,9 @@ def stub_source(source: str, stubs: dict, filename: str = "<source>") -> str:
         while end < len(lines) and re.match(r"[ \t]+#", lines[end]):  # comments trailing the body
             end += 1
         indent = " " * doc.col_offset
-        lines[start:end] = [f"{indent}raise NotImplementedError({stubs[fn.name]!r})\n"]
+        body = stubs[fn.name]
+        lines[start:end] = ([f"{indent}raise NotImplementedError({body!r})\n"] if isinstance(body, str)
+                            else [f"{indent}{line}\n" for line in body])
     out = "".join(lines)
     ast.parse(out, filename=filename)  # a stub that does not parse is our bug, not the student's
     return out
@@ -303,6 +311,8 @@ def stubs_for(parts) -> dict:
     for part in parts:
         for filename, name, what in part.functions:
             table.setdefault(filename, {})[name] = f"Part {part.number}: {what}"
+        for filename, name, body in part.delegates:
+            table.setdefault(filename, {})[name] = tuple(body)
     return table
 
 
@@ -368,7 +378,7 @@ def _handout_readme(text: str) -> str:
     return text[:m.start()] + "## Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n\n" + text[m.end():]
 
 
-RESULTS_DOC = "docs/results.md"  # every measured table (issue 31 moved them out of the README)
+RESULTS_DOC = "docs/results.md"  # every measured table (not in the README)
 RESULTS_STUB = "# Results\n\nYours to measure: see ASSIGNMENT.md, Part 5.\n"
 
 
@@ -415,7 +425,7 @@ def build(out: Path, repo: Path = REPO) -> dict:
                              f"{f' and {len(changes) - 4} more' if len(changes) > 4 else ''}): pick another "
                              "--out, or move it away first")
     check_table(repo)
-    solution = {f: (repo / f).read_text() for f in EXERCISE_FILES}  # read once: stubs and handout agree
+    solution = {f: (repo / f).read_text() for f in EXERCISE_FILES + DELEGATE_FILES}  # read once: stubs and handout agree
     new = out.with_name(f".{out.name}.building")
     shutil.rmtree(new, ignore_errors=True)  # what a stopped build left
     files = [f for f in project_files(repo) if not (repo / f).resolve().is_relative_to(out)
@@ -600,7 +610,7 @@ def answered(text: str) -> tuple[int, int]:
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Limits:
-    """What one part's test run may use besides time (issue 25.13: a submission printing in a loop
+    """What one part's test run may use besides time (a submission printing in a loop
     grew the temp folder at ~320 MB/s). pytest captures the tests' output into a temporary file, so
     the per-file cap is what bounds a print loop; the output cap bounds what reaches the grader."""
     output_keep: int = 256 * 1024        # bytes of pytest's output kept for the report (the end)

@@ -4,7 +4,7 @@ step: rollouts/s of one GRPO step (generate, reward, advantages, two mini-batch 
 with each speed-up of train.py off and on, side by side in one run:
     plain                  every speed-up off
     sampler-logps          pi_old from generate's own log-probs (rollout.SampledTokenLogps)
-    shared-prompt-forward  each distinct prompt once in the loss forward (grpo.per_token_logps_shared_prompt)
+    shared-prompt-forward  each distinct prompt once in the loss forward (speedups/shared_prompt.py)
     shared-prompt-prefill  each distinct prompt prefilled once in generate (rollout.prefill_distinct_prompts)
     all three              train.py's default
 and, with --trl-python PYTHON, TRL's GRPOTrainer at the same shape in a subprocess (that
@@ -44,6 +44,12 @@ Results: README "The vLLM path".
 gradient all-reduce) under `torchrun --nproc_per_node 1` and `2` (and `2 --fsdp` with --fsdp), runs
 interleaved, with the speed-up and the scaling efficiency (speed-up / processes). Results:
 docs/distributed.md.
+
+    python bench.py allocate [--repeats 3]
+
+`allocate`: paper §3.6 / Table 4, the exact DP against Algorithm 1's heap (the lazy form training
+calls, speedups/lazy_heap.py) and our threshold solver (speedups/threshold.py), on the same inputs
+at Table 4's scale and 10x (~1 min; the code is speedups/lazy_heap.py's bench). Results: docs/speed.md.
 
 Layout: one function per subcommand, the subcommand table in `main`. Measurements, not tests:
 nothing here asserts a speed.
@@ -425,7 +431,7 @@ def bench_generate(args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# dist: the toy step at 1 and 2 (or more) processes under torchrun (engines/dist.py, issue 35)
+# dist: the toy step at 1 and 2 (or more) processes under torchrun (engines/dist.py)
 # ----------------------------------------------------------------------------------------------
 def dist_run(nproc: int, opts, out: str, fsdp: bool = False) -> list[float]:
     """One `torchrun --nproc_per_node nproc train.py` of the toy; its steps' wall seconds after warm-up
@@ -475,6 +481,12 @@ def bench_dist(opts) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+def bench_allocate(opts) -> list[dict]:
+    from speedups.lazy_heap import bench
+
+    return bench(repeats=opts.repeats)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -516,6 +528,10 @@ def main(argv=None):
     d.add_argument("--model", default="toy-reason", help="the lab whose step is timed (train.py's default)")
     d.add_argument("--fsdp", action="store_true", help="also time each count above 1 under --fsdp (FSDP2)")
     d.set_defaults(func=bench_dist)
+    a = sub.add_parser("allocate", help="seconds of the exact DP vs Algorithm 1's heap vs the threshold solver (Table 4)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a.add_argument("--repeats", type=int, default=3, help="timed runs per solver and size (best is reported)")
+    a.set_defaults(func=bench_allocate)
     opts = ap.parse_args(argv)
     for key in ("M", "G", "T", "repeats", "threads", "steps"):
         value = getattr(opts, key, None)

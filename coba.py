@@ -1,4 +1,4 @@
-"""Capability-oriented value function of CoBA-RL (arXiv 2602.03048, §2.3, eqs. 4-9).
+"""Capability-oriented value function of CoBA-RL (arXiv 2602.03048, §2.3, eqs. 1 and 4-9).
 
 How much is one more rollout of prompt x_i worth? CoBA-RL answers with a value V(B_i, p_i) built
 from two parts: a Beta-shaped preference over the pass rate p_i whose peak follows the model's
@@ -7,48 +7,21 @@ maximises sum_i V(B_i, p_i) under sum_i B_i = B_total (eq. 3, Algorithm 1). This
 side, top to bottom in the paper's order:
 
     eq. 4   F_t = 1 - (1/M) sum_i p_i            global_failure_rate
-    --      F_bar = mean of the last k F_t       CapabilityTracker.f_bar
     eq. 6   F_tilde = Psi(F_bar)                 transform_failure_rate
-    eq. 7   alpha_t, beta_t from F_tilde         beta_params (+ schedule_params for the ablations)
+    eq. 7   alpha_t, beta_t from F_tilde         beta_params
     eq. 5   Beta(alpha_t, beta_t) pdf in p       preference_density
     eq. 8   eta = 1 - exp(-(B/tau) p (1-p))      saturation
     eq. 9   V = eta * Density                    capability_value, capability_value_coeffs (App. A)
-    --      Knapsack-RL and uniform values       knapsack_value, uniform_value, value_function
-    --      p_i with an in-step probe (ours)     probe_pass_rates, probe_knapsack_stats (--probe)
+    --      tau of eq. 8 (released code)         adaptive_tau, resolve_tau
+    --      schedules of Tables 2-3              Schedule, parse_schedule, schedule_params
+    eq. 1   p_i, F_t's history, F_bar            CapabilityTracker (pass_rates, update, f_bar, alpha_beta)
 
-Departures and choices (docs/method-sources.md is the reference for each):
-  (1) alpha_min = 1, alpha_max = kappa - 1, lambda = kappa - 2 in eq. 7: the released code's values
-      (paper silent); parameters of `beta_params`.
-  (2) p is clipped to [0.01, 0.99] inside V (released code), so no prompt has exactly zero value.
-  (3) tau: `adaptive` (default) recomputes it from the batch's pass-rate variance (released code;
-      the paper calls tau a temperature and gives no value); a constant is the alternative.
-  (4) Moving-average window k of F (`--failure-window`, paper: "past k steps", no value): default 1
-      (released launch script; its class default is 3). The same k bounds each prompt's history of
-      visits (docs/method-sources.md §3).
-  (5) Unseen prompts get the prior pass rate 0.5 (released code). Before the first step there is no
-      F_t; we use F_bar = 1 - prior (ours), i.e. 0.5 -> F_tilde = 0.5, alpha_t = 5.5 at kappa 11.
-  (6) Schedules of the ablation (Table 2-3), `--schedule`: `explore2exploit` has no formula in the
-      paper; we read it as alpha = alpha_min + lambda * (1 - F_tilde) (ours). `linear-decay` "alpha
-      10 -> 1": we hold 10 equal stages of the run, alpha falling from alpha_max to alpha_min in
-      equal steps (ours; exactly 10, 9, ..., 1 at kappa = 11). `fixed:A,B` returns (A, B) as given,
-      ignoring kappa: Table 3's (10.5, 1.5) sums to 12, not 11.
-  (7) Knapsack-RL's value (Li et al. 2025, arXiv 2509.25849) is clipped at 0 for B = 0, where
-      its formula gives -p(1-p)^2 because 0^0 = 1 (ours; a zero budget has no gradient).
-  (8) Uniform GRPO is also written as a value, 1 - 2^-B for every prompt (ours), so that
-      `value_function` covers `--allocator {uniform,knapsack,coba}` with one signature; allocate.py
-      takes knapsack/coba values from it (uniform has the shortcut `allocate.uniform_budgets`).
-  (9) Resuming checks that the tracker's flags (window, prior, gamma, kappa, schedule, released_init)
-      match the checkpoint's, else a one-line error (ours; `strict=False` takes the data and keeps
-      the flags). Checkpoints from before `released_init` and `knapsack` load as released_init=False,
-      with Knapsack-RL's statistics rebuilt from the visits kept (fewer than it would have recorded).
- (10) `released_init=True` (for `--allocator coba-released`): before the first update (alpha_t,
-      beta_t) = (kappa - 2, 2), the released `BetaAllocator.__init__`'s start; ours is F_bar =
-      1 - prior. Both only matter if prompts are seen before any update (the first step is uniform).
- (11) Knapsack-RL's own per-prompt statistics (`knapsack_stats`, for `--allocator knapsack`):
-      rollouts ever recorded and p_hat = the last visit's mean if it had >= 16 rollouts, else the
-      mean of the last 16 rewards (liziniu/KnapsackRL `rl_dataset.py` `update_sample_state`). Given
-      only counts, each rollout of a visit counts s/n (ours: the official takes the visit's last
-      rewards in order; pass `rewards=` to update() for that).
+Where the paper is silent or we chose otherwise (eq. 7's bounds, the clip of p, tau, the window k,
+the prior, the schedules' formulas, released_init, resuming): docs/method-sources.md §1, its table
+and its list "`coba.py` beyond the paper".
+
+Knapsack-RL's value is in arms/knapsack.py, its statistics (which the tracker keeps) in
+arms/knapsack_stats.py, the --probe in arms/probe.py.
 
 Tests: tests/test_coba.py
 """
@@ -57,42 +30,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 
+from arms.knapsack_stats import KnapsackStats
+
 P_CLIP = (0.01, 0.99)   # released code: keeps every prompt's value > 0 inside eq. 9
 PRIOR = 0.5             # released code: pass rate of a never-seen prompt
-TAU_RANGE = (3.0, 12.0)  # released code: adaptive tau lives in [3, 12]
-TAU_VAR_MAX = 0.1667    # released code: variance that maps to the top of TAU_RANGE (~1/6)
-KNAPSACK_BUFFER = 16    # Knapsack-RL rl_dataset.py `reward_buffer_length`: p_hat from the last 16 rewards
 
 
 def _out(x):
     """0-d arrays back to Python floats (JSON-friendly logs); arrays stay arrays."""
     x = np.asarray(x, dtype=float)
     return float(x) if x.ndim == 0 else x
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation: every bad flag is a one-line ValueError that names the fix
-# ----------------------------------------------------------------------------------------------
-def validate_kappa(kappa: float) -> float:
-    """kappa = alpha_t + beta_t (eq. 7) must exceed 2 so both can stay >= alpha_min = 1."""
-    try:
-        ok = math.isfinite(float(kappa)) and float(kappa) > 2
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"--kappa must be a number > 2 (alpha_t + beta_t, both >= 1; paper 11), got {kappa!r}")
-    return float(kappa)
-
-
-def validate_window(k: int) -> int:
-    """k of the moving average of F_t (and of each prompt's visit history) is a count >= 1."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"--failure-window must be an integer >= 1 (1 = no smoothing), got {k!r}")
-    return int(k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,8 +64,9 @@ def global_failure_rate(pass_rates) -> float:
 def transform_failure_rate(f_bar, gamma: float = 10.0):
     """Eq. 6: F_tilde = F_bar if F_bar > 0.5, else sigmoid(gamma * (F_bar - 0.5)).
 
-    The sigmoid branch keeps eq. 6 continuous at F_bar = 0.5 (sigmoid(0) = 0.5) while squeezing a
-    strong model (low F_bar) towards 0 fast: 0.3 -> 0.119, 0.2 -> 0.047. Range (sigmoid(-gamma/2), 1].
+    F_bar is the mean of the last k F_t (CapabilityTracker.f_bar). The sigmoid branch keeps eq. 6
+    continuous at F_bar = 0.5 (sigmoid(0) = 0.5) while squeezing a strong model (low F_bar) towards 0
+    fast: 0.3 -> 0.119, 0.2 -> 0.047. Range (sigmoid(-gamma/2), 1].
     """
     F_bar = np.asarray(f_bar, dtype=float)
     F_tilde = np.where(F_bar > 0.5, F_bar, 1.0 / (1.0 + np.exp(-gamma * (F_bar - 0.5))))
@@ -133,67 +85,6 @@ def beta_params(f_tilde, kappa: float = 11.0, alpha_min: float = 1.0, alpha_max:
     lam = kappa - 2.0 if lam is None else lam
     alpha_t = np.clip(alpha_min + lam * np.asarray(f_tilde, dtype=float), alpha_min, alpha_max)
     return _out(alpha_t), _out(kappa - alpha_t)
-
-
-# ----------------------------------------------------------------------------------------------
-# Schedules of alpha_t / beta_t (Table 2-3 ablation; `--schedule`)
-# ----------------------------------------------------------------------------------------------
-SCHEDULE_FORMS = "exploit2explore, explore2exploit, fixed:A,B (A, B > 0, e.g. fixed:10.5,1.5), linear-decay"
-LINEAR_DECAY_STAGES = 10  # paper: alpha "10 -> 1" at kappa = 11, i.e. ten integer levels
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One `--schedule` value. kind in {exploit2explore, explore2exploit, fixed, linear-decay};
-    alpha, beta only for `fixed`."""
-    kind: str = "exploit2explore"
-    alpha: float | None = None
-    beta: float | None = None
-
-    def __str__(self) -> str:  # the flag text back, for logs and state_dict()
-        return f"fixed:{self.alpha!r},{self.beta!r}" if self.kind == "fixed" else self.kind
-
-
-def parse_schedule(text: str) -> Schedule:
-    """`--schedule` text -> Schedule; anything else is a one-line ValueError listing the forms."""
-    s = str(text).strip()
-    if s in ("exploit2explore", "explore2exploit", "linear-decay"):
-        return Schedule(s)
-    if s.startswith("fixed:"):
-        parts = s[len("fixed:"):].split(",")
-        try:
-            a, b = (float(x) for x in parts)  # ValueError on "a,b" and on a count other than 2
-        except ValueError:
-            a = b = float("nan")
-        if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0:
-            return Schedule("fixed", a, b)
-    raise ValueError(f"--schedule {text!r} is not one of: {SCHEDULE_FORMS}")
-
-
-def schedule_params(schedule: Schedule, f_tilde: float, kappa: float = 11.0, progress: float = 0.0,
-                    alpha_min: float = 1.0, alpha_max: float | None = None, lam: float | None = None):
-    """(alpha_t, beta_t) of one schedule. progress = step / total_steps in [0, 1].
-
-    exploit2explore  eq. 7 as is (paper's default and best, Table 2: 46.78).
-    explore2exploit  eq. 7 with F_tilde -> 1 - F_tilde (ours; paper gives no formula): a weak
-                     model starts on hard prompts and moves to easy ones as it improves.
-    fixed:A,B        (A, B) whatever F_tilde; kappa is ignored (Table 3's pairs sum to 12).
-    linear-decay     alpha_t steps down from alpha_max to alpha_min in LINEAR_DECAY_STAGES equal
-                     stages of the run (ours; 10, 9, ..., 1 at kappa = 11), blind to F_tilde.
-    """
-    alpha_max = kappa - 1.0 if alpha_max is None else alpha_max
-    if schedule.kind == "exploit2explore":
-        return beta_params(f_tilde, kappa, alpha_min, alpha_max, lam)
-    if schedule.kind == "explore2exploit":
-        return beta_params(1.0 - f_tilde, kappa, alpha_min, alpha_max, lam)
-    if schedule.kind == "fixed":
-        return float(schedule.alpha), float(schedule.beta)
-    if schedule.kind == "linear-decay":
-        n = LINEAR_DECAY_STAGES
-        stage = min(max(int(math.floor(n * float(progress))), 0), n - 1)  # progress = 1: last stage
-        alpha_t = alpha_max - (alpha_max - alpha_min) * stage / (n - 1)
-        return float(alpha_t), float(kappa - alpha_t)
-    raise ValueError(f"unknown schedule kind {schedule.kind!r}; use parse_schedule ({SCHEDULE_FORMS})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,6 +141,13 @@ def capability_value_coeffs(p, alpha_t: float, beta_t: float, tau: float):
     return _out(preference_density(p, alpha_t, beta_t)), _out(p * (1.0 - p) / tau)
 
 
+# ----------------------------------------------------------------------------------------------
+# tau of eq. 8: the paper calls it a temperature and gives no value; the released code adapts it
+# ----------------------------------------------------------------------------------------------
+TAU_RANGE = (3.0, 12.0)  # released code: adaptive tau lives in [3, 12]
+TAU_VAR_MAX = 0.1667    # released code: variance that maps to the top of TAU_RANGE (~1/6)
+
+
 def adaptive_tau(pass_rates) -> float:
     """tau of eq. 8 from the batch (released code; paper silent):
     tau = 3 + (12 - 3) * clip(Var(clip(p, 0.01, 0.99)) / 0.1667, 0, 1), population variance.
@@ -265,7 +163,7 @@ def adaptive_tau(pass_rates) -> float:
 
 
 def resolve_tau(tau_arg, pass_rates) -> float:
-    """`--tau` -> a number: "adaptive" -> adaptive_tau(pass_rates); a positive float as given."""
+    """tau as asked for -> a number: "adaptive" -> adaptive_tau(pass_rates); a positive float as given."""
     if isinstance(tau_arg, str) and tau_arg.strip() == "adaptive":
         return adaptive_tau(pass_rates)
     try:
@@ -273,62 +171,102 @@ def resolve_tau(tau_arg, pass_rates) -> float:
     except (TypeError, ValueError):
         tau = float("nan")
     if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"--tau must be 'adaptive' or a number > 0 (e.g. 6.0), got {tau_arg!r}")
+        raise ValueError(f"tau must be 'adaptive' or a number > 0 (e.g. 6.0), got {tau_arg!r}")
     return tau
 
 
 # ----------------------------------------------------------------------------------------------
-# Baselines behind the same interface V(budget, p): Knapsack-RL and uniform
+# Schedules of alpha_t / beta_t (the ablation of Tables 2-3)
 # ----------------------------------------------------------------------------------------------
-def knapsack_value(budget, p):
-    """Knapsack-RL (Li et al. 2025; docs/method-sources.md §4): Value(N, p) = (1 - p^N - (1-p)^N) * p (1-p)^2.
+SCHEDULE_FORMS = "exploit2explore, explore2exploit, fixed:A,B (A, B > 0, e.g. fixed:10.5,1.5), linear-decay"
+LINEAR_DECAY_STAGES = 10  # paper: alpha "10 -> 1" at kappa = 11, i.e. ten integer levels
 
-    First factor: probability that N rollouts are not all equal, i.e. the group has a non-zero
-    GRPO gradient. Second: an information-gain term peaking at p = 1/3. Zero at p in {0, 1}. The
-    first factor is clipped at 0 (B = 0 would give -1 since 0^0 = 1; ours). budget, p broadcast.
+
+@dataclass(frozen=True)
+class Schedule:
+    """One schedule (`--schedule`). kind in {exploit2explore, explore2exploit, fixed, linear-decay};
+    alpha, beta only for `fixed`."""
+    kind: str = "exploit2explore"
+    alpha: float | None = None
+    beta: float | None = None
+
+    def __str__(self) -> str:  # the text back, for logs and state_dict()
+        return f"fixed:{self.alpha!r},{self.beta!r}" if self.kind == "fixed" else self.kind
+
+
+def parse_schedule(text: str) -> Schedule:
+    """A schedule's text -> Schedule; anything else is a one-line ValueError listing the forms."""
+    s = str(text).strip()
+    if s in ("exploit2explore", "explore2exploit", "linear-decay"):
+        return Schedule(s)
+    if s.startswith("fixed:"):
+        parts = s[len("fixed:"):].split(",")
+        try:
+            a, b = (float(x) for x in parts)  # ValueError on "a,b" and on a count other than 2
+        except ValueError:
+            a = b = float("nan")
+        if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0:
+            return Schedule("fixed", a, b)
+    raise ValueError(f"schedule {text!r} is not one of: {SCHEDULE_FORMS}")
+
+
+def schedule_params(schedule: Schedule, f_tilde: float, kappa: float = 11.0, progress: float = 0.0,
+                    alpha_min: float = 1.0, alpha_max: float | None = None, lam: float | None = None):
+    """(alpha_t, beta_t) of one schedule. progress = step / total_steps in [0, 1].
+
+    exploit2explore  eq. 7 as is (paper's default and best, Table 2: 46.78).
+    explore2exploit  eq. 7 with F_tilde -> 1 - F_tilde (ours; paper gives no formula): a weak
+                     model starts on hard prompts and moves to easy ones as it improves.
+    fixed:A,B        (A, B) whatever F_tilde; kappa is ignored (Table 3's pairs sum to 12).
+    linear-decay     alpha_t steps down from alpha_max to alpha_min in LINEAR_DECAY_STAGES equal
+                     stages of the run (ours; 10, 9, ..., 1 at kappa = 11), blind to F_tilde.
     """
-    N, p = np.asarray(budget, dtype=float), np.asarray(p, dtype=float)
-    nonzero_grad = np.maximum(0.0, 1.0 - p ** N - (1.0 - p) ** N)
-    return _out(nonzero_grad * p * (1.0 - p) ** 2)
-
-
-def uniform_value(budget, p):
-    """Uniform GRPO as a value: 1 - 2^-B, the same concave curve for every prompt, so a greedy
-    allocator fills all prompts level by level: B_total / M each (remainder one each)."""
-    B = np.asarray(budget, dtype=float)
-    return _out((1.0 - np.exp2(-B)) + 0.0 * np.asarray(p, dtype=float))  # broadcast to p's shape
-
-
-VALUE_FUNCTIONS = ("uniform", "knapsack", "coba")
-
-
-def value_function(allocator: str, alpha_t: float | None = None, beta_t: float | None = None,
-                   tau: float | None = None) -> Callable:
-    """`--allocator` -> V(budget, p): one signature for the three values, so allocators can swap.
-    coba needs alpha_t, beta_t, tau (this step's); the other two ignore them."""
-    if allocator == "uniform":
-        return uniform_value
-    if allocator == "knapsack":
-        return knapsack_value
-    if allocator == "coba":
-        if alpha_t is None or beta_t is None or tau is None:
-            raise ValueError("value_function('coba') needs alpha_t, beta_t and tau")
-        return lambda budget, p: capability_value(budget, p, alpha_t, beta_t, tau)
-    raise ValueError(f"allocator {allocator!r} has no value function; use one of {', '.join(VALUE_FUNCTIONS)}")
+    alpha_max = kappa - 1.0 if alpha_max is None else alpha_max
+    if schedule.kind == "exploit2explore":
+        return beta_params(f_tilde, kappa, alpha_min, alpha_max, lam)
+    if schedule.kind == "explore2exploit":
+        return beta_params(1.0 - f_tilde, kappa, alpha_min, alpha_max, lam)
+    if schedule.kind == "fixed":
+        return float(schedule.alpha), float(schedule.beta)
+    if schedule.kind == "linear-decay":
+        n = LINEAR_DECAY_STAGES
+        stage = min(max(int(math.floor(n * float(progress))), 0), n - 1)  # progress = 1: last stage
+        alpha_t = alpha_max - (alpha_max - alpha_min) * stage / (n - 1)
+        return float(alpha_t), float(kappa - alpha_t)
+    raise ValueError(f"unknown schedule kind {schedule.kind!r}; use parse_schedule ({SCHEDULE_FORMS})")
 
 
 # ----------------------------------------------------------------------------------------------
 # State across steps: per-prompt pass rates (eq. 1) and the history of F_t (eq. 4)
 # ----------------------------------------------------------------------------------------------
+def validate_kappa(kappa: float) -> float:
+    """kappa = alpha_t + beta_t (eq. 7) must exceed 2 so both can stay >= alpha_min = 1."""
+    try:
+        ok = math.isfinite(float(kappa)) and float(kappa) > 2
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"kappa = alpha_t + beta_t (eq. 7) must be a number > 2 so that both stay >= 1 "
+                         f"(paper: 11), got {kappa!r}")
+    return float(kappa)
+
+
+def validate_window(k: int) -> int:
+    """k of the moving average of F_t (and of each prompt's visit history) is a count >= 1."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"window k of F_bar's moving average must be an integer >= 1 (1 = no smoothing), got {k!r}")
+    return int(k)
+
+
 @dataclass
 class CapabilityTracker:
     """What CoBA-RL remembers between steps (docs/method-sources.md §3), saved with every checkpoint.
 
     - each prompt (keyed by its dataset index) keeps (successes, totals) of its last `window`
-      visits; p_i = sum successes / sum totals. Unseen prompts get `prior`.
+      visits; p_i = sum successes / sum totals (eq. 1). Unseen prompts get `prior`.
     - `history`: F_t of every step (eq. 4); F_bar = mean of the last `window` of them.
-    - `knapsack`: Knapsack-RL's statistics per prompt, [rollouts recorded, p_hat, last 16 rewards]
-      (knapsack_stats(); not windowed: the official counts every rollout ever recorded).
+    - `knapsack`: Knapsack-RL's statistics (arms/knapsack_stats.py), fed every visit and saved
+      with the rest, for `--allocator knapsack`.
     Order in a training step: pass_rates() + alpha_beta() -> allocate -> rollouts -> update().
     """
     window: int = 1
@@ -336,21 +274,22 @@ class CapabilityTracker:
     gamma: float = 10.0
     kappa: float = 11.0
     schedule: Schedule = field(default_factory=Schedule)
-    released_init: bool = False  # (kappa - 2, 2) before the first update (released code), see (10)
+    released_init: bool = False  # (kappa - 2, 2) before the first update (released code)
     history: list = field(default_factory=list)   # F_t per step, oldest first
     visits: dict = field(default_factory=dict, repr=False)  # prompt id -> deque of (successes, totals)
-    knapsack: dict = field(default_factory=dict, repr=False)  # prompt id -> [rollouts, p_hat, last rewards]
+    knapsack: KnapsackStats = field(default_factory=KnapsackStats, repr=False)
 
     def __post_init__(self):
         self.window = validate_window(self.window)
         self.kappa = validate_kappa(self.kappa)
         if not 0.0 <= self.prior <= 1.0:
-            raise ValueError(f"--prior must be a pass rate in [0, 1], got {self.prior!r}")
+            raise ValueError(f"prior (the pass rate of an unseen prompt) must be in [0, 1], got {self.prior!r}")
         if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"--gamma must be > 0 (steepness of eq. 6's sigmoid; paper 10), got {self.gamma!r}")
+            raise ValueError(f"gamma (steepness of eq. 6's sigmoid; paper 10) must be > 0, got {self.gamma!r}")
         if isinstance(self.schedule, str):
             self.schedule = parse_schedule(self.schedule)
         self.visits = {int(i): deque((tuple(v) for v in hist), maxlen=self.window) for i, hist in self.visits.items()}
+        self.knapsack = KnapsackStats(self.knapsack)
 
     # --- per-prompt pass rates (eq. 1) ---------------------------------------------------------
     def seen(self, prompt_ids: Iterable[int]) -> np.ndarray:
@@ -364,26 +303,6 @@ class CapabilityTracker:
             hist = self.visits.get(int(i))
             rates.append(sum(s for s, _ in hist) / sum(n for _, n in hist) if hist else self.prior)
         return np.array(rates, dtype=float)
-
-    def knapsack_stats(self, prompt_ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Knapsack-RL's inputs (allocate.allocate_budgets(..., knapsack_stats=)): p_hat (M,) and
-        rollouts recorded (M,); never-seen prompts (0.0, 0), as the official `get_sample_state`."""
-        stats = [self.knapsack.get(int(i), (0, 0.0, ())) for i in prompt_ids]
-        return (np.array([s[1] for s in stats], dtype=float), np.array([s[0] for s in stats], dtype=int))
-
-    def knapsack_after(self, i: int, rewards: list) -> list:
-        """Prompt i's Knapsack-RL statistics [rollouts recorded, p_hat, last 16 rewards] once a visit
-        with these rewards is recorded (`update_sample_state`, with its defaults epoch_estimation =
-        robust_epoch_estimation = True). Pure: train.py's --probe asks before recording."""
-        n, _, last = self.knapsack.get(int(i), (0, 0.0, []))
-        last = (list(last) + list(rewards))[-KNAPSACK_BUFFER:]  # the last 16 rewards, oldest first
-        # a visit of >= 16 rollouts is its own estimate; a smaller one borrows from earlier visits
-        p_hat = float(np.mean(rewards)) if len(rewards) >= KNAPSACK_BUFFER else float(np.mean(last))
-        return [n + len(rewards), p_hat, last]
-
-    def _record_knapsack(self, i: int, rewards: list) -> None:
-        """One visit of prompt i into Knapsack-RL's statistics."""
-        self.knapsack[i] = self.knapsack_after(i, rewards)
 
     def update(self, prompt_ids, successes, totals, rewards=None) -> float:
         """Record one step: prompt i got successes[i] correct out of totals[i] rollouts (B_i).
@@ -407,7 +326,7 @@ class CapabilityTracker:
         for k, (i, si, ni) in enumerate(zip(ids, s.tolist(), n.tolist())):
             # a deque with maxlen drops the oldest visit once the window is full
             self.visits.setdefault(i, deque(maxlen=self.window)).append((si, ni))
-            self._record_knapsack(i, rewards[k] if rewards is not None else [si / ni] * int(ni))
+            self.knapsack.record(i, rewards[k] if rewards is not None else [si / ni] * int(ni))
         F_t = global_failure_rate(s / n)  # share of each prompt's rollouts that succeeded, then mean
         self.history.append(F_t)
         return F_t
@@ -437,54 +356,17 @@ class CapabilityTracker:
         """JSON-serialisable: plain floats/lists; prompt ids become str keys (JSON objects need them)."""
         return {**self.config(), "history": [float(F) for F in self.history],
                 "visits": {str(i): [[float(s), float(n)] for s, n in hist] for i, hist in self.visits.items()},
-                "knapsack": {str(i): [int(n), float(p), [float(r) for r in last]]
-                             for i, (n, p, last) in self.knapsack.items()}}
+                "knapsack": self.knapsack.state_dict()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Restore from state_dict(). strict: the saved flags must equal this tracker's (a resumed run
-        with another --kappa would silently log a different method); strict=False keeps ours."""
+        """Restore from state_dict(). strict: the saved settings must equal this tracker's (a resumed run
+        with another kappa would silently log a different method); strict=False keeps ours."""
         # checkpoints from before released_init lack it: they ran with the default, False
         saved = {k: state.get(k, False) if k == "released_init" else state[k] for k in self.config()}
         if strict and saved != self.config():
             diff = ", ".join(f"{k}={saved[k]!r} (now {v!r})" for k, v in self.config().items() if saved[k] != v)
-            raise ValueError(f"tracker checkpoint was saved with {diff}; resume with the same flags or strict=False")
+            raise ValueError(f"tracker checkpoint was saved with {diff}; resume with the same settings or strict=False")
         self.history = [float(F) for F in state["history"]]
         self.visits = {int(i): deque(((float(s), float(n)) for s, n in hist), maxlen=self.window)
                        for i, hist in state["visits"].items()}
-        self.knapsack = {}
-        if "knapsack" in state:
-            self.knapsack = {int(i): [int(n), float(p), [float(r) for r in last]]
-                             for i, (n, p, last) in state["knapsack"].items()}
-        else:  # a checkpoint from before the knapsack statistics: rebuild them from the visits kept
-            for i, hist in self.visits.items():
-                for s, n in hist:
-                    self._record_knapsack(i, [s / n] * int(n))
-
-
-# ----------------------------------------------------------------------------------------------
-# The in-step probe (ours, beyond the paper: --probe): the tracker's answer with this step's probe
-# ----------------------------------------------------------------------------------------------
-# The paper's allocator only knows a prompt's pass rate from an earlier visit (docs/method-sources.md
-# §3): the first pass over the pool is uniform, and a prompt last seen at p = 0 keeps B_low and rarely
-# escapes ("sticky zero", docs/calibration.md). With --probe every prompt first gets B_low rollouts in
-# the step (train.probe_then_allocate); the allocator then sees p_i pooled over those and the
-# earlier visits, and hands out the rest of the same B_total. Costs one extra generation round per
-# step, no extra rollouts.
-def probe_pass_rates(tracker: CapabilityTracker, prompt_idx, probe_successes, probe_budget: int) -> np.ndarray:
-    """(M,) p_i = (successes of the last visits + probe successes) / (their rollouts + B_low).
-
-    Pooling (our choice) keeps the estimate from resting on B_low = 2 samples alone; the last
-    visits are the tracker's window (--failure-window), the probe rows come from this step."""
-    rates = []
-    for i, s in zip(prompt_idx, probe_successes):
-        hist = tracker.visits.get(int(i), ())
-        rates.append((sum(h[0] for h in hist) + float(s)) / (sum(h[1] for h in hist) + probe_budget))
-    return np.array(rates, dtype=float)
-
-
-def probe_knapsack_stats(tracker: CapabilityTracker, prompt_idx, probe_rewards: list[float], probe_budget: int):
-    """Knapsack-RL's (p_hat, rollouts recorded) as if the probe were already recorded: the tracker's
-    own rule (CapabilityTracker.knapsack_after) with each prompt's B_low probe rewards."""
-    after = [tracker.knapsack_after(i, probe_rewards[k * probe_budget:(k + 1) * probe_budget])
-             for k, i in enumerate(prompt_idx)]
-    return np.array([a[1] for a in after], dtype=float), np.array([a[0] for a in after], dtype=int)
+        self.knapsack = KnapsackStats.from_state(state.get("knapsack"), self.visits)

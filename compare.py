@@ -13,14 +13,14 @@ only the split of B_total across prompts differs (and, for the `+probe` arms, ou
                                           # add the baselines of docs/arms.md to that sweep: the table's
                                           # other arms stay, finished runs (runs/ or runs.jsonl) are reused
 
-Equal rollouts, not equal steps (issue 36): every arm ends at the same total rollouts, steps x B_total,
+Equal rollouts, not equal steps: every arm ends at the same total rollouts, steps x B_total,
 on a rollouts axis. DAPO's arm (`dapo`) pays more than B_total for an update (its dropped groups),
 so it gets --max-rollouts and --eval-every-rollouts (equal_rollout_flags), makes fewer updates (the
 table's "updates" column) and is evaluated at the same rollout counts as the others; the arms that
 spend B_total a step keep their flags, so runs made before these arms existed are reused. MoPPS's
 arms draw their own prompts (the footer says so); all others share the seed's prompt order.
 
-Design (issue 12), so that a difference, if there is one, can be seen:
+Design, so that a difference, if there is one, can be seen:
 - The regime (`REGIME`): lr 5e-5 and a 512-prompt pool revisited every 16 steps, so uniform GRPO's
   held-out curve is still rising through the ~9 passes over the pool (README: the pilot curves
   that justify it); with `--probe` the allocators differ from step 1.
@@ -40,7 +40,7 @@ Design (issue 12), so that a difference, if there is one, can be seen:
   runs.jsonl only gains or updates runs; a table that would drop runs is refused. runs.jsonl is
   enough to redo the table and plots (`--plots-only`, e.g. on a fresh checkout without runs/).
 
-Metrics (issue 19: the paper's metric first). The primary accuracy is held-out avg@k (k = 8 by
+Metrics (the paper's metric first). The primary accuracy is held-out avg@k (k = 8 by
 `--eval-samples`: k samples per problem at T = 1.0, top-p 0.9, as the paper's avg@16), which sees
 learning that greedy accuracy misses (docs/calibration.md); greedy accuracy and pass@k are secondary
 columns (final value, and its paired difference from uniform with a 95% CI). On the primary
@@ -51,7 +51,7 @@ uniform's on the same seed (geometric mean, CI on the log ratio; "n/a" where uni
 above its final value). A last column says over how many prompts each step's gradient is spread
 (signal_prompts: the effective number of groups with non-zero advantage). The footer states the standard
 error of one evaluation over the held-out set (stats.evaluation_noise: avg@k's as harness/evaluate.py logs it).
-Runs without avg@k (the greedy-only results of issue 12) are tabled on greedy
+Runs without avg@k (the first, greedy-only results) are tabled on greedy
 accuracy, with a note. Evaluation every 25 steps: avg@8 on 1,024 problems costs ~14 s an evaluation
 here, against ~2.3 s a training step (measured; see PRESETS). `--model NAME` runs every arm on
 another starting model (runs in OUT/model-NAME/runs, tables in OUT/PRESET-NAME); `--preset full`
@@ -95,16 +95,16 @@ ARMS = {
     "coba:linear-decay": ["--allocator", "coba", "--schedule", "linear-decay"],
     "coba:fixed(10.5,1.5)": ["--allocator", "coba", "--schedule", "fixed:10.5,1.5"],
     "coba:fixed(1.5,10.5)": ["--allocator", "coba", "--schedule", "fixed:1.5,10.5"],
-    # the published baselines of the same family (issue 36, docs/arms.md): DAPO's dynamic sampling,
+    # the published baselines of the same family (docs/arms.md): DAPO's dynamic sampling,
     # MoPPS's prompt selection, and MoPPS choosing the prompts with CoBA splitting the budget
     "dapo": ["--allocator", "uniform", "--dynamic-sampling"],
     "mopps": ["--allocator", "uniform", "--prompt-selection", "mopps"],
     "mopps+coba": ["--allocator", "coba", "--prompt-selection", "mopps"],
-    # issue 42's diagnostics (ours, for analysis, never a method to recommend): the allocator is fed
+    # diagnostics (ours, for analysis, never a method to recommend): the allocator is fed
     # each prompt's current pass rate from K fresh rollouts that are neither trained on nor counted
     "coba-oracle": ["--allocator", "coba", "--pass-rate-source", "oracle"],
     "knapsack-oracle": ["--allocator", "knapsack", "--pass-rate-source", "oracle"],
-    # depth or breadth (issue 42): uniform GRPO at one B_total = M x G = 256, from deep to broad
+    # depth or breadth: uniform GRPO at one B_total = M x G = 256, from deep to broad
     **{f"uniform:M{M}xG{256 // M}": ["--allocator", "uniform", "--prompts-per-step", str(M),
                                       "--num-generations", str(256 // M)] for M in (16, 32, 64, 128)},
 }
@@ -128,15 +128,15 @@ def spends_per_update_vary(arm: str) -> bool:
 def draws_own_prompts(arm: str) -> bool:
     """MoPPS picks its own prompts: on a seed it does not share the other arms' prompt order."""
     return "mopps" in ARMS[arm]
-# The lab regime where allocation can matter (issue 12, item 1; README "Results" shows the pilot).
+# The lab regime where allocation can matter (README "Results" shows the pilot).
 REGIME = ["--learning-rate", "5e-5", "--train-size", "512", "--eval-size", "1024",
           "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "25"]
 # Evaluation every 25 steps (5 points per 100-step run: steps 0, 25, 50, 75, 100). Each point is
 # greedy + 8 samples on 1,024 problems = 9,216 generation-only rollouts. Measured on the shared
-# 2-core machine (issue 19; train.py, REGIME, 4 steps, evals at 0, 2, 4; load ~5): the 8 samples
+# 2-core machine (train.py, REGIME, 4 steps, evals at 0, 2, 4; load ~5): the 8 samples
 # added 41 s for 3 evaluations (~14 s each) while a training step took ~2.3 s, so 100 steps ~230 s
 # train and 5 evaluations ~75 s; every 10 steps (11 evaluations, ~165 s) would cost 3/4 of training.
-# toy-reason (issue 30) has its own regime: worked solutions need the lr its calibration found
+# toy-reason has its own regime: worked solutions need the lr its calibration found
 # stable (3e-4; 5e-5 barely moves it), a 1,024-prompt pool revisited every 32 steps (CoBA needs
 # revisits to know pass rates: toy.make_sum_splits), and a step costs ~10x a 3-token step, so its
 # runs are shorter and evaluate less often (README: the cost of a step and of an evaluation).
@@ -145,7 +145,7 @@ MODEL_REGIMES = {
                               "--prompts-per-step", "32", "--num-generations", "8", "--save-every", "10"],
                        steps=40, eval_every=20),
 }
-# The paper's regime (Table 1, App. C, the released launch script), scaled to these CPUs (issue 42):
+# The paper's regime (Table 1, App. C, the released launch script), scaled to these CPUs:
 # G = 16 rollouts a prompt on average with B_up = 128, a pool the run passes over 15 times (M 16 over
 # 128 prompts: 8 steps an epoch, 120 steps), seven evaluations on the 1,024 held-out problems. The
 # learning rate is the one calibrated for it (docs/results.md, "The paper's regime": uniform must not
@@ -163,10 +163,10 @@ PRESETS = {
     "full": dict(arms=["uniform", "knapsack", "coba", "coba-released", "knapsack+probe", "coba+probe",
                        "coba:explore2exploit", "coba:linear-decay", "coba:fixed(10.5,1.5)", "coba:fixed(1.5,10.5)"],
                  seeds=[0, 1, 2, 3, 4], steps=100, eval_every=25),
-    # issue 42: uniform GRPO at one B_total = 256 a step, (M, G) from (16, 16) to (128, 2), on toy-reason's regime
+    # uniform GRPO at one B_total = 256 a step, (M, G) from (16, 16) to (128, 2), on toy-reason's regime
     "breadth-depth": dict(arms=[f"uniform:M{M}xG{256 // M}" for M in (16, 32, 64, 128)], seeds=[0, 1, 2, 3, 4],
                           steps=40, eval_every=20, model="toy-reason", baseline="uniform:M16xG16"),  # deepest first
-    # issue 42: the paper's regime scaled down (PAPER_REGIME), with the oracle diagnostic beside the arms
+    # the paper's regime scaled down (PAPER_REGIME), with the oracle diagnostic beside the arms
     "paper-regime": dict(arms=["uniform", "coba", "coba-released", "knapsack", "dapo", "coba-oracle"],
                          seeds=[0, 1, 2, 3, 4], steps=120, eval_every=20, model="toy-reason", flags=PAPER_REGIME),
 }
@@ -302,8 +302,8 @@ def mismatched_runs(jobs, out: Path, extra: list[str]) -> dict:
 
 def stored_runs(jobs, out: Path, extra: list[str], store: dict, old_config: dict, coverage: set) -> dict:
     """(arm, seed) -> differing flags ([] = reusable), for each job with no finished run in OUT/runs
-    but a summary in runs.jsonl. The flags it was made with: its own `train_argv` (recorded since
-    issue 36), else, for a run the table reports, the table's sweep: compare.jsonl's arm flags, the
+    but a summary in runs.jsonl. The flags it was made with: its own `train_argv` (recorded for
+    every run since the comparison arms), else, for a run the table reports, the table's sweep: compare.jsonl's arm flags, the
     seed and its train_flags. A summary with neither is not counted as a run (it is trained)."""
     found = {}
     for arm, seed in jobs:
@@ -337,7 +337,7 @@ def launch(arm: str, seed: int, out: Path, extra: list[str], fresh: bool) -> sub
     elif has_run:
         cmd.append("--resume")  # from its newest complete checkpoint (none: from scratch)
     # in this process's directory, as every relative path in cmd is meant (--out, a --dataset file): with
-    # cwd=REPO a run started outside the repo wrote its log into REPO/OUT/runs, where no one looked (issue 32)
+    # cwd=REPO a run started outside the repo wrote its log into REPO/OUT/runs, where no one looked
     with (run_dir / "train.out").open("ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=functools.partial(sigint_when_parent_dies, os.getpid()))
@@ -456,8 +456,8 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
 def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
     """The runs as one table sees them: (runs, primary metric, note). All runs share the primary
     metric, or all fall back to greedy accuracy (runs made without --eval-samples, such as the
-    greedy-only results committed before issue 19, or a mix): then "acc" is the greedy curve."""
-    metrics = {r.get("metric", "greedy") for r in runs}  # runs.jsonl before issue 19: greedy only
+    greedy-only results committed before avg@k was recorded, or a mix): then "acc" is the greedy curve."""
+    metrics = {r.get("metric", "greedy") for r in runs}  # an early runs.jsonl: greedy only
     if len(metrics) == 1 and metrics != {"greedy"}:
         return runs, metrics.pop(), None
     note = ("note: the primary metric (held-out avg@k, --eval-samples) is missing from "
@@ -476,7 +476,7 @@ def table_view(runs: list[dict]) -> tuple[list[dict], str, str | None]:
 # The table's footer (the table: stats.markdown_table; the figures: plots.py:plot_comparison)
 # ----------------------------------------------------------------------------------------------
 def arm_notes(summary: list[dict]) -> list[str]:
-    """Footer lines for the comparison arms (issue 36): which arms end on rollouts after fewer
+    """Footer lines for the comparison arms: which arms end on rollouts after fewer
     updates (DAPO), and which do not share the seed's prompt order (MoPPS draws its own)."""
     lines = []
     fewer = [s for s in summary if s["arm"] in ARMS and spends_per_update_vary(s["arm"]) and "updates_mean" in s]
@@ -495,7 +495,7 @@ def arm_notes(summary: list[dict]) -> list[str]:
 
 
 def oracle_notes(runs: list[dict]) -> list[str]:
-    """Footer lines for the oracle arms (issue 42): what their oracle cost, beside the equal rollouts
+    """Footer lines for the oracle arms: what their oracle cost, beside the equal rollouts
     (not trained on, not counted), and how stale the tracker's estimate was against it."""
     by = {}
     for r in runs:
@@ -553,7 +553,7 @@ def parse_args(argv):
         args.steps = 6 if args.quick else regime.get("steps", preset["steps"])
     if args.eval_every is None:
         args.eval_every = 3 if args.quick else regime.get("eval_every", preset["eval_every"])
-    # one-line errors (issue 16): nothing silently wrong
+    # one-line errors: nothing silently wrong
     if len(set(args.seeds)) != len(args.seeds):
         ap.error(f"--seeds has duplicates ({args.seeds}): each (arm, seed) is one run; pass distinct seeds")
     if len(set(args.arms)) != len(args.arms):
@@ -612,7 +612,7 @@ def main(argv: list[str] | None = None) -> dict:
     store = load_store(table_dir)  # the per-run summaries already in PRESET/runs.jsonl
     old_config = next(iter(read_jsonl(table_dir / "compare.jsonl")), {})
     coverage = table_coverage(table_dir)
-    # Adding arms to a sweep (issue 36): an arm the table reports and this command does not name is
+    # Adding arms to a sweep: an arm the table reports and this command does not name is
     # carried over whole from runs.jsonl, neither trained nor dropped; a named arm must keep its seeds.
     carried = sorted(k for k in coverage if k[0] not in args.arms and k in store)
     if carried:
@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> dict:
         reported = [k for k in jobs if k in have] + carried
         # A redraw lists the arms in the order the table it redraws does, whatever order --arms gives:
         # a plain `--plots-only` takes the preset's arms first, then the carried ones, and so wrote
-        # the rows of compare.jsonl and table.md in another order (issue 41). Arms the table does not
+        # the rows of compare.jsonl and table.md in another order. Arms the table does not
         # report yet come last, in their own order (the sort is stable).
         order = table_order(table_dir)
         reported.sort(key=lambda k: order.index(k[0]) if k[0] in order else len(order))
@@ -677,7 +677,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(store[(a, s)])
     before = {p.name: p.read_bytes() for p in map(table_dir.joinpath, RESULTS_FILES) if p.is_file()}
     table_dir.mkdir(parents=True, exist_ok=True)
-    # a redraw keeps runs.jsonl's order (its --arms may list the table's arms in another order: issue 32)
+    # a redraw keeps runs.jsonl's order (its --arms may list the table's arms in another order)
     write_store(table_dir, store, [] if args.plots_only else jobs)
     runs, metric, note = table_view(runs)  # primary metric: avg@k, or greedy for runs without it
     baseline = PRESETS[args.preset].get("baseline", "uniform")  # what every arm is paired against
@@ -688,7 +688,7 @@ def main(argv: list[str] | None = None) -> dict:
               "model": args.model, "wall_seconds": round(wall, 1)}
     if args.plots_only and old_config.get("type") == "config" and old_config.get("seeds") == args.seeds:
         # the sweep's record as it was: how a redraw was invoked is no result, and recording it
-        # (an earlier "redrawn_by") rewrote a committed line at every redraw (issue 32). A redraw over
+        # (an earlier "redrawn_by") rewrote a committed line at every redraw. A redraw over
         # other seeds (an interim table grown by a seed) is a new table: it records its own command.
         config = dict(old_config)
     config.update(metric=metric, metric_note=note)

@@ -1,4 +1,4 @@
-"""One prepared GPU check (issue 13): Qwen2.5-1.5B's architecture through full CoBA-RL steps of
+"""One prepared GPU check: Qwen2.5-1.5B's architecture through full CoBA-RL steps of
 train.py at the README's shapes, measuring what a user needs before renting a GPU for a run.
 
 In one run of at most ~10 minutes on one H200, with no model hub:

@@ -1,66 +1,31 @@
-"""GRPO on ragged groups: from (prompt, completions, rewards) to one scalar loss.
+"""GRPO on ragged groups (CoBA-RL §2.1, App. C): from (prompt, completions, rewards) to one update.
 
-Everything between "a list of groups of (prompt, completions, rewards)" and `loss.backward()`,
-one small function per equation, so a student can follow GRPO (DeepSeekMath, Shao et al. 2024,
-arXiv 2402.03300, §4.1) and its common variants line by line; then the update around them:
+One small function per equation, in the order of a step (DeepSeekMath, arXiv 2402.03300, §4.1):
 
-    1. group_advantages   A_i = (r_i - mean(r_group)) / std(r_group)      DeepSeekMath §4.1.2
-                          (no std division with scale_std=False: Dr. GRPO, arXiv 2503.20783)
-    2. per_token_logps    log pi_theta(o_t | q, o_<t) for every completion token, prompt and
-                          padding masked, micro-batched
-    3. clipped_policy_loss
-                          ratio_t = pi_theta / pi_old (the rollout policy), per token
-                          -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
-                          + beta * k3 KL to a frozen reference                DeepSeekMath eqs. 3-4
-                          (eps_high > eps_low: DAPO's "clip-higher", arXiv 2503.14476 §3.1)
-    4. aggregate_loss     "dapo"    token mean over the batch            (DAPO §3.3; CoBA App. C)
-                          "grpo"    mean over each sequence's tokens, then over sequences (eq. 3)
-                          "dr_grpo" sum / (N * max_completion_length)    (Dr. GRPO)
-    5. policy_update      App. C's update of one step: the N rows in `num_mini_batches` shuffled
-                          mini-batches, one optimizer step each, accumulated over micro-batches
-                          (pi_old and pi_ref from no-grad forwards first: frozen_logps); under
-                          torchrun this rank's rows of each (dist.micro_batches)
+    1. group_advantages     A_j = (r_j - mean_group(r)) / std_group(r)            DeepSeekMath §4.1.2
+    2. per_token_logps      log pi_theta(o_t | q, o_<t) of every completion token
+    3. clipped_policy_loss  -min(ratio_t A, clip(ratio_t, 1 - eps_low, 1 + eps_high) A) + beta k3 KL
+                            DeepSeekMath eqs. 3-4; eps_high > eps_low: DAPO's clip-higher (§3.1)
+    4. aggregate_loss       "dapo" token mean (DAPO §3.3, the paper's) | "grpo" (eq. 3) | "dr_grpo"
+    5. policy_update        App. C: the rows in shuffled mini-batches, one optimizer step each
 
-The CoBA-RL twist (arXiv 2602.03048, §2.1): prompt i gets its own number of rollouts B_i, so the
-groups are ragged. Nothing here reshapes rewards into (M, G) as TRL does
-(`rewards.view(-1, num_generations)`); every group statistic is a scatter over `group_ids`.
+CoBA-RL gives prompt i its own number of rollouts B_i, so the groups are ragged: every group
+statistic is a scatter over `group_ids`, never a reshape into (M, G). Defaults are App. C's:
+beta = 0 (no reference model), eps_low 0.2, eps_high 0.28, token mean, std-normalised advantages.
 
-Letters used in the shape comments:
-    M   prompts in the step (groups)
-    B_i rollouts of prompt i;  N = sum_i B_i rollouts in the batch
-    P   prompt length after left padding
-    T   completion length after right padding
-    L   = P + T, the length of one row of input_ids
-    V   vocabulary size
+Shapes: M prompts (groups), B_i rollouts of prompt i, N = sum_i B_i rows; a row is a left-padded
+prompt of P tokens then a right-padded completion of T tokens (L = P + T); V vocabulary.
 
-Defaults are the CoBA paper's (App. C): no KL (beta = 0, so no reference model is loaded),
-eps_low = 0.2, eps_high = 0.28, token-mean aggregation, std-normalised advantages.
-
-Departures and choices, each with its source:
-  (1) Std with Bessel's correction (torch.std), as verl and the paper's released code; the
-      population std (numpy's np.std, used by GRPO-Zero, nano-aha-moment) is `unbiased=False`.
-  (2) A group of size 1 gets advantage 0 (it has no baseline to compare with). verl instead uses
-      mean 0, std 1 for such a group, i.e. A = r. The paper's B_low = 2 never makes one.
-  (3) Groups whose rewards are all equal also get exactly 0, and both kinds are counted as
-      "zero-signal groups": the prompts whose rollouts bought no gradient, the waste that
-      CoBA's allocation (eq. 8 vanishes at p = 0 and p = 1) is meant to reduce.
-  (4) `normalizer` lets gradient accumulation over micro-batches reproduce the big-batch loss
-      exactly (see aggregate_loss).
-  (5) Entropy is a logged metric only, computed without gradient.
-  (6) Off by default: truncated_importance_weights (TIS) reweights each token's surrogate when
-      the rollouts came from another engine (vLLM) than the one that computes pi_old; with vLLM
-      rollouts the gap between the two is logged (sampler_gap, sampler_gap_means).
-
-Test: tests/test_grpo.py
+The update train.py runs is engines/update.py:policy_update, the same update plus micro-batches,
+torchrun/FSDP, vLLM's sampler correction (engines/sampler_correction.py) and the shared-prompt
+forward (speedups/shared_prompt.py). Choices and their sources: docs/method-sources.md §5.
+Tests: tests/test_grpo.py.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import torch
-
-from engines import dist
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
 
@@ -149,80 +114,6 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return (logps, torch.cat([p[1] for p in parts])) if with_entropy else logps
 
 
-def per_token_logps_shared_prompt(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                                  logits_to_keep: int, micro_batch_size: int | None = None,
-                                  temperature: float = 1.0, with_entropy: bool = False):
-    """per_token_logps, with each distinct prompt of a micro-batch run once, not once per rollout.
-
-    A GRPO batch repeats each prompt B_i times (G = 8 on the toy: 59% of its token positions are
-    prompt). The completion tokens need the prompt's keys and values at every layer, but those
-    depend on the prompt alone (causal attention: a prompt position never sees the completion),
-    so they are the same for all B_i rows. Here, per micro-batch:
-      1. the u distinct prompts (u <= n) run once, with gradient, into a KV cache (DynamicCache);
-         their last logit predicts each row's first completion token;
-      2. the cache is expanded to the n rows with an index (`reorder_cache`, an index_select:
-         differentiable, so each row's gradient flows back into its prompt's single forward and
-         the B_i contributions add up there, as they would across B_i copies);
-      3. only the completion columns run, on top of that cache, at the positions the plain forward
-         gives them (real tokens counted from each row's first prompt token).
-    Same arguments, same result as per_token_logps up to float rounding: the same sums are formed
-    in a different grouping (a batch of u rows instead of n, the attention over cache + new
-    columns), which moves fp32 results by ~1e-7 relative, bf16 autocast ones by ~1e-2
-    (tests/test_speed.py states the tolerances). The result does not depend on micro_batch_size,
-    but the saving does: only rows of one prompt inside one micro-batch share its forward, so
-    callers group a mini-batch's rows by prompt before splitting it (train.policy_update).
-    Needs a transformers causal LM (past_key_values, position_ids); other models, and a batch
-    without repeated prompts, take per_token_logps' plain path. Gradient checkpointing turns the
-    cache off inside transformers' layers, so train.py refuses that combination.
-    """
-    N, L = input_ids.shape
-    T = int(logits_to_keep)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {(N, L)}")
-    if not 1 <= T < L:
-        raise ValueError(f"logits_to_keep = T must be in [1, L - 1] = [1, {L - 1}], got {T}")
-    if not {"past_key_values", "position_ids"} <= _forward_params(model):
-        return per_token_logps(model, input_ids, attention_mask, T, micro_batch_size, temperature, with_entropy)
-    step = N if micro_batch_size is None else int(micro_batch_size)
-    if step < 1:
-        raise ValueError(f"micro_batch_size must be a positive number of rows or None, got {micro_batch_size}")
-    parts = [_logps_rows_shared(model, input_ids[s:s + step], attention_mask[s:s + step], T, temperature,
-                                with_entropy) for s in range(0, N, step)]
-    logps = torch.cat([p[0] for p in parts])  # (N, T)
-    return (logps, torch.cat([p[1] for p in parts])) if with_entropy else logps
-
-
-def _logps_rows_shared(model, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float,
-                       with_entropy: bool):
-    """One micro-batch of per_token_logps_shared_prompt: ids, mask (n, L) -> (n, T) each."""
-    n, L = ids.shape
-    P = L - T  # prompt columns (left-padded), then T completion columns (right-padded)
-    # Rows of one prompt have identical left-padded prompt columns (ids and mask): deduplicate on
-    # both, so a real token that equals the pad id can never merge two different prompts.
-    key = torch.cat([ids[:, :P], mask[:, :P].to(ids.dtype)], 1)  # (n, 2P)
-    distinct, row_prompt = torch.unique(key, dim=0, return_inverse=True)  # (u, 2P), (n,) prompt of each row
-    if len(distinct) == n:  # nothing repeats: the plain forward is the same work in one call
-        return _logps_rows(model, ids, mask, T, temperature, with_entropy)
-    p_ids, p_mask = distinct[:, :P], distinct[:, P:].to(mask.dtype)  # (u, P) each
-    # Positions count real tokens only, exactly as in _logps_rows (and as generation numbered them).
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (n, L)
-    p_positions = (p_mask.long().cumsum(-1) - 1).clamp(min=0)  # (u, P)
-    # 1. each distinct prompt once, with gradient; its last logit predicts completion token 0.
-    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_positions, use_cache=True,
-                logits_to_keep=1)
-    first = out.logits[:, -1:, :][row_prompt]  # (n, 1, V)
-    if T == 1:
-        return _logps_from_logits(first, ids[:, -T:], temperature, with_entropy)
-    # 2. each row gets its prompt's keys and values, layer by layer (index_select, differentiable).
-    cache = out.past_key_values
-    cache.reorder_cache(row_prompt)  # (u, heads, P, d) -> (n, heads, P, d) per layer
-    # 3. the completion columns but the last (whose logit predicts past the row) on top of the
-    # cache; the mask covers cache + new columns, as the plain forward's would.
-    rest = model(input_ids=ids[:, P:L - 1], attention_mask=mask[:, :L - 1], position_ids=positions[:, P:L - 1],
-                 past_key_values=cache, use_cache=True).logits  # (n, T-1, V)
-    return _logps_from_logits(torch.cat([first, rest], 1), ids[:, -T:], temperature, with_entropy)
-
-
 def _logps_rows(model, ids: torch.Tensor, mask: torch.Tensor, T: int, temperature: float, with_entropy: bool):
     """One micro-batch of per_token_logps: ids, mask (n, L) -> logps (n, T), entropy (n, T) or None."""
     accepted = _forward_params(model)
@@ -287,7 +178,7 @@ def clipped_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages
     loss_type, max_completion_length, normalizer: passed to aggregate_loss.
     entropy:    (N, T) from per_token_logps(with_entropy=True), only to log its mean.
     token_weights: optional (N, T), no gradient, multiplies each token's clipped surrogate (not the
-                KL term), e.g. truncated_importance_weights for vLLM rollouts (TRL does the same).
+                KL term): vLLM's truncated importance weights (engines/sampler_correction.py), as TRL.
 
     Returns (loss scalar, metrics), metrics = python floats, means over completion tokens:
     ratio_mean; clip_frac (share of tokens where the min picks the clipped term and it is
@@ -336,49 +227,6 @@ def clipped_policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages
         if entropy is not None:
             metrics["entropy"] = _masked_mean(entropy, m)
     return loss, metrics
-
-
-def truncated_importance_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor,
-                                 completion_mask: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
-    brings you off-policy RL training"; TRL's vllm_importance_sampling_correction, token_truncate):
-    w_t = min(pi_trainer(o_t) / pi_sampler(o_t), cap), per token.
-
-    The rollouts were drawn by the sampler (vLLM, bf16 kernels) but the loss's pi_old is the
-    trainer's recomputed log-prob; w_t reweights each token towards the trainer's distribution,
-    and the cap bounds the variance that a few tokens the sampler found unlikely would add.
-    trainer_logps, sampler_logps, completion_mask: (N, T). Returns (N, T), 1.0 on padding.
-    """
-    if cap <= 0:
-        raise ValueError(f"the importance-sampling cap must be > 0, got {cap}")
-    m = completion_mask.bool()
-    log_w = torch.where(m, trainer_logps.detach() - sampler_logps.to(trainer_logps.dtype),
-                        torch.zeros_like(trainer_logps))  # (N, T)
-    return torch.clamp(torch.exp(log_w), max=cap)  # (N, T)
-
-
-def sampler_gap(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, completion_mask: torch.Tensor,
-                cap: float | None = None) -> tuple[torch.Tensor | None, list[float]]:
-    """vLLM rollouts (ours, logged): how far the trainer's log-probs at rollout time are from the
-    sampler's, on one micro-batch. Returns (the TIS weights w_t (N, T), or None without a cap, and the
-    sums [sum |log pi_trainer - log pi_sampler|, completion tokens, sum of w_t] over its completion
-    tokens). Summed over micro-batches and ranks, then divided by the tokens, they are the batch's
-    token means vllm_logp_gap and vllm_is_weight_mean. trainer_logps, sampler_logps, mask: (N, T)."""
-    m = completion_mask.bool()
-    sums = [float(torch.where(m, (trainer_logps - sampler_logps).abs(), 0.0).sum()), float(m.sum()), 0.0]
-    weights = None
-    if cap:
-        weights = truncated_importance_weights(trainer_logps, sampler_logps, completion_mask, cap)  # (N, T)
-        sums[2] = float(torch.where(m, weights, 0.0).sum())
-    return weights, sums
-
-
-def sampler_gap_means(gap_sum: float, tokens: float, weight_sum: float, cap: float | None = None) -> dict:
-    """sampler_gap's sums over the whole batch -> the log's token means (each row is in exactly one
-    mini-batch): vllm_logp_gap, and vllm_is_weight_mean with a cap; {} without sampler log-probs."""
-    if not tokens:
-        return {}
-    return {"vllm_logp_gap": gap_sum / tokens, **({"vllm_is_weight_mean": weight_sum / tokens} if cap else {})}
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
@@ -436,89 +284,44 @@ def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, loss_type: 
 # ----------------------------------------------------------------------------------------------
 # 5. App. C's update: the clipped surrogate over mini-batches, one optimizer step each
 # ----------------------------------------------------------------------------------------------
-def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0,
-                  autocast=contextlib.nullcontext) -> dict:
-    """GRPO on one step's rollouts (App. C): `num_mini_batches` optimizer steps over a shuffled split of
-    the N rows, each accumulated over micro-batches of `micro_batch_size` rows. Returns metrics.
-    pi_old: see frozen_logps. --shared-prompt-forward (a speed-up, the same sums up to float rounding:
-    tests/test_speed.py) runs each distinct prompt once per micro-batch, a mini-batch's rows sorted by
-    prompt so that a prompt's rows share micro-batches (per_token_logps_shared_prompt).
-    Under torchrun this rank holds n of the N rows (batch["rows"]); mini-batches are drawn over all N
-    and normalised by their global size, so the gradients summed over ranks are one process's."""
+def policy_update(model, optimizer, scheduler, batch: dict, args, ref_model=None, gen_seed: int = 0) -> dict:
+    """GRPO on one step's rollouts (App. C), plainly, in one process: the N rows shuffled into
+    `args.num_mini_batches` mini-batches, one clipped-surrogate optimizer step on each.
+    engines/update.py:policy_update is what train.py runs: the same update, plus micro-batches across
+    torchrun ranks and FSDP, vLLM's sampler correction and the shared-prompt speed-up.
+
+    batch: input_ids, attention_mask (N, L), completion_mask (N, T), advantages (N,).
+    args: num_mini_batches, temperature, epsilon, epsilon_high, beta, loss_type,
+    max_completion_length, max_grad_norm. Returns metrics: loss (mean over mini-batches), grad_norm
+    (the last step's), and the token means of clipped_policy_loss's metrics over the whole batch."""
     ids, attn, cmask, adv = batch["input_ids"], batch["attention_mask"], batch["completion_mask"], batch["advantages"]
-    rows_global = batch.get("rows", torch.arange(len(cmask)))  # (n,) this rank's rows among the N
-    lengths = batch.get("lengths", cmask.sum(1))  # (N,) every row's completion length
-    sampler_logps = batch.get("sampler_logps")  # (N, T) vLLM's log-probs of the sampled tokens; None on HF
-    cap = getattr(args, "vllm_importance_sampling_cap", None)  # truncated IS (off: None)
     N, T = cmask.shape
-    shared = getattr(args, "shared_prompt_forward", False)
-    logps_fn = per_token_logps_shared_prompt if shared else per_token_logps
 
-    def mb(rows, m, **kw):  # forward only under autocast (bf16); backward and optimizer in fp32
-        with autocast():
-            return logps_fn(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
+    def logps_of(m, rows, **kw):  # log-probs of the given rows' completions under model m
+        return per_token_logps(m, ids[rows], attn[rows], T, temperature=args.temperature, **kw)
 
-    micro = args.micro_batch_size
-    own_first = batch.get("old_logps") is not None  # the first mini-batch's own detached forward is pi_old
-    old_logps, ref_logps = frozen_logps(mb, model, ref_model, N, micro, batch.get("old_logps"),
-                                        need_old=args.num_mini_batches > 1)  # (N, T) each, or None
-    N_all = len(lengths)
-    perm = torch.randperm(N_all, generator=torch.Generator().manual_seed(gen_seed))
-    sharded = dist.is_sharded(model)  # --fsdp (walks the modules: once per update, not per mini-batch)
-    sums: dict[str, float] = {}
-    gap = [0.0, 0.0, 0.0]  # sum |log pi_trainer - log pi_sampler|, completion tokens, sum of IS weights
-    for k, global_chunk in enumerate(torch.chunk(perm, min(args.num_mini_batches, N_all))):
-        # the whole mini-batch's normaliser (all ranks): accumulated micro-batches give one big batch's gradient
-        normalizer = float(lengths[global_chunk].sum()) if args.loss_type == "dapo" else float(len(global_chunk))
-        for rows, pad in dist.micro_batches(global_chunk, rows_global, N_all, micro, sharded, by_prompt=shared):
-            logps, entropy = mb(rows, model, with_entropy=True)  # (n, T) each
-            if pad:  # --fsdp: a micro-batch of weight 0, so that every rank runs as many (engines/dist.py rule 2)
-                (logps.sum() * 0.0).backward()
-                continue
-            old = logps.detach() if old_logps is None or (own_first and k == 0) else old_logps[rows]
-            is_weights = None
-            if sampler_logps is not None:  # vLLM: the trainer's log-probs at rollout time vs the sampler's
-                is_weights, gap_sums = sampler_gap(old, sampler_logps[rows], cmask[rows], cap)  # (n, T) or None
-                gap = [g + s for g, s in zip(gap, gap_sums)]
-            loss, metrics = clipped_policy_loss(
-                logps, old, adv[rows], cmask[rows], epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
-                ref_logps=None if ref_logps is None else ref_logps[rows], beta=args.beta,
-                loss_type=args.loss_type, max_completion_length=args.max_completion_length,
-                normalizer=normalizer, entropy=entropy, token_weights=is_weights)
-            loss.backward()
-            # Token means (ratio, clip, kl, entropy) weighted by this micro-batch's share of the step's tokens,
-            # all ranks' (lengths): their sum is the token mean over the whole step however its rows are
-            # split into micro-batches and ranks. (Weighted by rows, the split changed them: issue 41.)
-            w = float(cmask[rows].sum()) / max(float(lengths.sum()), 1.0)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + (value if key == "num_tokens" else w * value)
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) / args.num_mini_batches
-        if not sharded:  # --fsdp: the reduce-scatter in each backward summed them already
-            dist.all_reduce_grads(model)  # sum over ranks (no-op in one process)
-        sums["grad_norm"] = dist.grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+    # pi_old (the policy that sampled the rollouts) and pi_ref, before any step: no gradient, no dropout.
+    model.eval()
+    with torch.no_grad():
+        old_logps = logps_of(model, torch.arange(N))  # (N, T)
+        ref_logps = None if ref_model is None else logps_of(ref_model, torch.arange(N))  # (N, T)
+    model.train()
+    out = {"loss": 0.0}
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(gen_seed))  # (N,) the shuffle
+    for rows in torch.chunk(perm, min(args.num_mini_batches, N)):  # (n,) each, about N / num_mini_batches
+        logps, entropy = logps_of(model, rows, with_entropy=True)  # (n, T) each, logps with gradient
+        loss, metrics = clipped_policy_loss(
+            logps, old_logps[rows], adv[rows], cmask[rows], epsilon_low=args.epsilon,
+            epsilon_high=args.epsilon_high, ref_logps=None if ref_logps is None else ref_logps[rows],
+            beta=args.beta, loss_type=args.loss_type, max_completion_length=args.max_completion_length,
+            entropy=entropy)
+        loss.backward()
+        out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    sums = dist.all_reduce_sums(sums, keep=("grad_norm",))  # each rank's share of the batch's means
-    return {**sums, **sampler_gap_means(*dist.all_reduce_sums(dict(enumerate(gap))).values(), cap=cap)}
-
-
-def frozen_logps(mb, model, ref_model, N: int, micro: int, old_logps=None, need_old: bool = True) -> tuple:
-    """(pi_old's, pi_ref's) log-probs of the N rows before the update, (N, T) each or None, from no-grad
-    forwards in micro-batches (mb(rows, model) is one). pi_ref is the frozen reference model's (--beta > 0).
-    pi_old is the rollout policy's, needed once the first optimizer step has moved the policy (need_old:
-    more than one mini-batch). A speed-up, the plain computation up to float rounding (tests/test_speed.py):
-    old_logps (HF rollouts with --sampler-logps) are generation's own log pi(o_t), under the same weights,
-    and replace this forward; and the first mini-batch needs none at all: the policy has not moved yet,
-    so its own detached forward is pi_old (ratio exactly 1, as in the one-mini-batch case)."""
-    rows_all, ref_logps = torch.arange(N), None
-    model.eval()  # pi_old and pi_ref without dropout (--lora-dropout; a full model has none)
-    with torch.no_grad(), dist.gathered(model):  # --fsdp: ranks' forward counts differ here (rule 1)
-        # (N = 0: a torchrun rank that owns no group this step, with fewer prompts than ranks: nothing
-        # to compute; it still joins every collective of the update with zero gradients.)
-        if need_old and old_logps is None and N:
-            old_logps = torch.cat([mb(rows_all[s:s + micro], model) for s in range(0, N, micro)])  # (N, T)
-        if ref_model is not None and N:
-            ref_logps = torch.cat([mb(rows_all[s:s + micro], ref_model) for s in range(0, N, micro)])  # (N, T)
-    model.train()
-    return old_logps, ref_logps
+        out["loss"] += float(loss.detach()) / args.num_mini_batches
+        share = float(cmask[rows].sum()) / max(float(cmask.sum()), 1.0)  # this mini-batch's share of tokens
+        for key, value in metrics.items():  # token means over the batch (num_tokens: a count, summed)
+            out[key] = out.get(key, 0.0) + (value if key == "num_tokens" else share * value)
+    return out

@@ -19,7 +19,7 @@ And one figure of the method itself, from coba.py alone (no run): the README's p
 
     python plots.py --method-figure docs/beta_by_failure_rate.png
 
-And one of the mechanism over every committed sweep (issue 42; docs/results.md):
+And one of the mechanism over every committed sweep (docs/results.md):
     mechanism_figure         held-out gain against prompts carrying signal per step, a point a run
 
     python plots.py --mechanism-figure docs/gain_vs_signal_prompts.png
@@ -58,7 +58,7 @@ def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     # no "Software: Matplotlib version ..." text chunk: a redraw under another matplotlib release that
-    # draws the same pixels writes the same bytes (Agg PNGs hold no date; issue 32)
+    # draws the same pixels writes the same bytes (Agg PNGs hold no date)
     fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
     plt.close(fig)
     os.replace(tmp, path)  # whole or not at all, like the other results files
@@ -328,7 +328,7 @@ def zero_signal_bars(path: Path, runs: list[dict], colors: dict) -> Path:
 
 
 def depth_breadth(path: Path, runs: list[dict], t975, name: str) -> Path | None:
-    """compare.py --preset breadth-depth (issue 42): final held-out accuracy against M at one B_total =
+    """compare.py --preset breadth-depth: final held-out accuracy against M at one B_total =
     M x G, whole set and hardest level, mean and 95% CI over seeds. Rising with M: this lab rewards
     distinct prompts over rollouts per prompt. None unless every arm is a uniform:M<m>xG<g> arm."""
     import re
@@ -404,7 +404,7 @@ def method_figure(path: Path, f_bars=METHOD_F_BARS, kappa: float = 11.0, gamma: 
 
 
 # ----------------------------------------------------------------------------------------------
-# The mechanism, over every committed sweep (issue 42)
+# The mechanism, over every committed sweep
 # ----------------------------------------------------------------------------------------------
 def committed_runs(results: Path) -> list[dict]:
     """Every run summary in RESULTS/**/runs.jsonl that has a signal count, in every table that holds
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
                          "alone: the README's picture (docs/beta_by_failure_rate.png)")
     ap.add_argument("--mechanism-figure", metavar="PATH", default=None,
                     help="draw held-out gain against prompts carrying signal per step, one point per committed "
-                         "run of every sweep under --results (issue 42), into PATH")
+                         "run of every sweep under --results, into PATH")
     ap.add_argument("--results", default="results", help="where --mechanism-figure finds the sweeps' runs.jsonl")
     args = ap.parse_args(argv)
     if not args.run_dirs and args.method_figure is None and args.mechanism_figure is None:

@@ -13,7 +13,7 @@ hub; this file makes the same shape of problem on a laptop CPU:
    with `save_pretrained` so train.py loads it through the same `from_pretrained` path as a hub model.
 3. A supervised warm-up on problems disjoint from the held-out split, so RL starts from non-zero,
    uneven pass rates (GRPO learns nothing from groups that never succeed).
-4. The lab is shipped, not built (issue 19): the same seeded warm-up gives different weights on
+4. The lab is shipped, not built: the same seeded warm-up gives different weights on
    different processors (docs/calibration.md: start greedy .211 / .336 / .340), so the warmed-up models
    are committed under lab/ with a toy.json of how they were built, pinned by SHA256, and their
    start accuracies are in START. `ensure_toy_model(name)` returns the committed directory;
@@ -39,7 +39,7 @@ held-out = make_splits(0)[1]; toy-reason has its own task, held-out = make_sum_s
               in 5-6 of 100 steps), + 500 steps lr 1e-3 -> 1e-4, levels 1,1,1,1,2,2,3,3 (greedy
               .613; F_bar < .5 in 7 (coba) and 18 (uniform) of 100 steps).
 
-  toy-reason  lab/toy-reason (issue 30; the default): worked solutions. Running sums of 2-6 addends
+  toy-reason  lab/toy-reason (the default): worked solutions. Running sums of 2-6 addends
               (1..99), completion `33+29=62,62+84=146####146`, 18 symbols, max positions 128. Phase 1:
               700 steps of clean solutions, batch 64, AdamW lr 2e-3 constant. Phase 2 ("noisy
               teacher", fresh AdamW, lr 1e-3, 200 steps): each partial sum slips by -10/-1/+1/+10 with
@@ -335,7 +335,7 @@ RECIPES = {
                        level_weights=None,
                        then=dict(steps=1000, lr=1e-3, lr_schedule="cosine", final_lr=3e-5,
                                  level_weights=[1, 1, 1, 1, 2, 2, 4, 4])),
-    # Worked solutions (issue 30): running sums. Phase 1 teaches the format and the arithmetic on
+    # Worked solutions: running sums. Phase 1 teaches the format and the arithmetic on
     # clean solutions; phase 2, the "noisy teacher", fine-tunes on solutions whose partial sums slip
     # with probability `noise`, so the model samples sloppy chains that RL can clean up (pass@8 high,
     # avg@8 low: the regime in which RLVR lifts real models). docs/calibration.md: a clean start barely

@@ -1,13 +1,13 @@
-"""The verifiable reward of RLVR: a completion and a reference answer in, a reward R in {0, 1} out.
+"""The verifiable reward of RLVR (paper §2.1): a completion and a reference answer in, R in {0, 1} out.
 
-RLVR (RL with verifiable rewards, as in DeepSeekMath's GRPO and DeepSeek-R1) scores a rollout by
-checking its final answer against the reference, with no learned reward model. CoBA-RL assumes
-exactly this binary reward (docs/method-sources.md §0, paper §2.1): a prompt's pass rate p_i (eq. 1) is the mean
-of these rewards over its rollouts, and F_t (eq. 4) is built from them.
+R = 1 if the completion's final answer equals the reference, else 0: a verifier, no learned reward
+model (as in DeepSeekMath's GRPO and DeepSeek-R1). CoBA-RL assumes exactly this reward: a prompt's
+pass rate p_i (eq. 1) is the mean of these rewards over its rollouts, and F_t (eq. 4) is built from them.
 
 Test:   python -m pytest -q tests/test_verify.py          (~140 cases, ~15 s)
 Teach:  python verify.py "so the answer is \\boxed{\\frac{1}{2}}" "0.5"   (prints answer, rule, reward)
 
+The file reads top to bottom: `reward` / `rewards` / `grade`, then the pipeline behind them.
 Pipeline, cheapest first (the toy task's bare integers never leave step 2):
   1. extract_answer: the last \\boxed{...} (nested braces, \\fbox, `\\boxed 5`) > GSM8K `#### 42` >
      "the answer is X" > a final sentence stating one number ("So the total is 200 dollars.") >
@@ -15,54 +15,21 @@ Pipeline, cheapest first (the toy task's bare integers never leave step 2):
   2. exact and numeric equality after a string normalization (ours, see `normalize`).
   3. symbolic equality with math-verify (`math_verify.parse` / `math_verify.verify`): LaTeX
      expressions, sets, intervals, matrices. Only when step 2 cannot decide.
-Every symbolic check runs under a hard timeout (sympy can hang on adversarial input) and a size
-cap; a timeout or an exception scores 0 and is counted in `VerifyStats`, never raised. Extraction
-and the fast path need no timeout: they are linear in the (capped) length of the text.
-
-Which part is ours and which is math-verify's:
-  - ours: answer extraction (math-verify's extraction takes the first/any match and knows no
-    `####` or last-number rule), the string normalization and the exact/numeric fast path (no
-    sympy, thousands of calls per second), the timeout guard, the size caps, the statistics, the
-    format bonus and the CLI.
-  - math-verify's: everything symbolic (LaTeX -> sympy, set/interval/matrix/equation comparison).
-
-The timeout. math-verify 0.9.0 has its own (`parse(parsing_timeout=5)`, `verify(timeout_seconds=5)`),
-but it uses signal.alarm, which takes whole seconds, restarts for every parse and every comparison
-rather than bounding the check, and raises a ValueError off the main thread. So we pass None to
-both (timeouts off) and guard the whole check (parse gold + parse prediction + compare) ourselves:
-  - on the main thread: signal.setitimer (float seconds, same SIGALRM mechanism as math-verify),
-    re-firing every 50 ms in case some library code swallows the first interrupt;
-  - off the main thread (signals reach the main thread only): the check runs in a worker process,
-    started once (~1 s) and reused (~0.2 ms a check); on timeout the caller kills it (SIGKILL) and
-    the next check starts a new one. Killing stops anything, a C call included: `9^{9^{9^9}}` off
-    the main thread returns after timeout_s. (A thread cannot be stopped: the first version's
-    asynchronous exception never reached a thread stuck in one C call, and the caller hung.)
-The alarm interrupts Python code only: on the main thread a single C call (say a giant integer
-power) is not interruptible, which is one reason for the size cap. POSIX only (SIGALRM, pass_fds).
-
-Departures and choices (ours): numbers are compared exactly (0.333 != 1/3; math-verify would round
-to 6 digits, but two plain numbers never reach it); a percentage matches both its value and its
-value / 100 ("50%" = "50" = "0.5"); the last *complete* box wins (a truncated `\\boxed{12` is
-skipped); "the answer is 18 dollars" gives "18"; the final-sentence rule is on by default (see
-extract_answer for why) and needs exactly one number in that sentence. The format bonus is added
-on top of the 0/1 reward (DeepSeek-R1 style), so with it on the reward is no longer binary: keep
-it off (the default) when the rewards feed CoBA's pass rates.
+Every symbolic check runs under a hard timeout (sympy can hang on adversarial input; the guard and
+its worker process are engines/grading.py) and a size cap; a timeout or an exception scores 0 and
+is counted in `VerifyStats`, never raised. Extraction and the fast path need no timeout: they are
+linear in the (capped) length of the text. Which parts are ours and which math-verify's, and where
+we depart from it: docs/method-sources.md §0.
 """
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
-import multiprocessing.connection
 import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
+
+from engines.grading import _CheckTimeout, _load_math_verify, run_with_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +39,61 @@ MAX_ANSWER_CHARS = 1_000  # longer extracted answers / references never reach sy
 
 
 # ---------------------------------------------------------------------------------------------
-# Statistics: what the trainer logs per step (verify_timeouts, verify_errors)
+# The reward
 # ---------------------------------------------------------------------------------------------
+def reward(completion: str, answer: str, *, last_number_fallback: bool = False, final_sentence: bool = True,
+           format_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S,
+           stats: VerifyStats | None = None) -> float:
+    """1.0 if the completion's final answer equals `answer`, else 0.0 (plus `format_reward` for a
+    well-formed completion when that flag is > 0). Timeouts and errors score 0 and go to `stats`."""
+    return grade(completion, answer, last_number_fallback=last_number_fallback, final_sentence=final_sentence,
+                 format_reward=format_reward, timeout_s=timeout_s, stats=stats).reward
+
+
+def rewards(completions: list[str], answers: list[str], **kwargs) -> list[float]:
+    """reward() over a batch, one answer per completion (the trainer repeats a prompt's answer B_i times)."""
+    if len(completions) != len(answers):
+        raise ValueError(f"{len(completions)} completions but {len(answers)} answers: pass one answer per completion")
+    return [reward(c, a, **kwargs) for c, a in zip(completions, answers)]
+
+
+def grade(completion: str, answer: str, *, last_number_fallback: bool = False, final_sentence: bool = True,
+          format_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S,
+          stats: VerifyStats | None = None) -> Grade:
+    """reward() with its reasons. `answer` is ours (the data set's), so a bad one is a ValueError;
+    `completion` is the model's, so nothing in it raises."""
+    if isinstance(answer, (int, Fraction)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str):
+        raise ValueError(f"reference answer must be a str, got {type(answer).__name__}: "
+                         "fix the data set's answer field")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}: pass e.g. timeout_s={DEFAULT_TIMEOUT_S}")
+    if not isinstance(completion, str):
+        completion = ""
+    try:
+        pred, rule = extract_answer(completion, last_number_fallback, final_sentence)
+    except Exception:  # noqa: BLE001 - defensive: extraction is plain string code
+        pred, rule = None, "none"
+    correct, check = (False, "no_answer") if pred is None else is_equivalent(pred, answer, timeout_s)
+    bonus = format_reward if format_reward and is_well_formed(completion) else 0.0
+    if stats is not None:
+        stats.count(rule, check, correct)
+    return Grade(pred, rule, check, correct, float(correct) + bonus)
+
+
+@dataclass
+class Grade:
+    """Everything reward() decided, for the CLI and for debugging."""
+
+    answer: str | None  # extracted final answer
+    rule: str  # extraction rule
+    check: str  # what decided equality ("no_answer" when nothing was extracted)
+    correct: bool
+    reward: float
+
+
+# What the trainer logs per step (verify_timeouts, verify_errors)
 @dataclass
 class VerifyStats:
     """Counters over reward() calls. `by_rule`: which extraction rule fired; `by_check`: what decided."""
@@ -115,9 +135,9 @@ _NUMBER_THEN_WORDS = re.compile(r"\$?([-\u2212]?\d[\d,]*(?:\.\d+)?)\$?\s+[A-Za-z
 _NUMBER = re.compile(r"(?:(?<![\w)\]}.])[-\u2212])?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 
 # Linear time. Every scan below is one left-to-right pass, or a pass over a region no other pass
-# reads, so extraction costs O(len(text)) whatever the text. The first version matched each
-# `\boxed{` to its closing brace on its own: 4,500 unclosed boxes in 32 kB meant 4,500 scans of up
-# to 32 kB each, 12 s outside any timeout (issue 16). tests/test_verify.py counts the steps.
+# reads, so extraction costs O(len(text)) whatever the text. Matching each `\boxed{` to its closing
+# brace on its own would not be: 4,500 unclosed boxes in 32 kB would mean 4,500 scans of up to
+# 32 kB each, 12 s outside any timeout. tests/test_verify.py counts the steps.
 
 
 def _brace_pairs(text: str) -> dict[int, int]:
@@ -183,7 +203,7 @@ def _answer_is(text: str) -> str | None:
 # The final-sentence rule: "So the total is 200 dollars." The closing sentence states one number
 # with a copula, and nothing else in it is a number, so it cannot be an intermediate step
 # ("3 * 4 is 12.") or a comparison ("x is 5 when y is 3."). Ours, for GSM8K-style completions that
-# end with neither a box, `####` nor "the answer is" (issue 16: 8 of 200 held-out completions).
+# end with neither a box, `####` nor "the answer is" (8 of 200 held-out completions did).
 _FINAL_SENTENCE_CHARS = 300  # a closing statement is short; the bound also keeps this rule O(1)
 _SENTENCE_START = re.compile(
     r"[.!?](?=\s)|\n|[,;:]\s*(?=(?:so|therefore|thus|hence)\b)", re.IGNORECASE)  # ", so the total is 9."
@@ -332,175 +352,8 @@ def _as_numbers(s: str) -> set[Fraction] | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Symbolic equality (math-verify) under a hard timeout (the guard is ours)
+# 3. Symbolic equality (math-verify) under a hard timeout (the guard: engines/grading.py)
 # ---------------------------------------------------------------------------------------------
-class _CheckTimeout(BaseException):
-    """Raised into a running check. A BaseException, so the `except Exception` blocks inside
-    math-verify and sympy cannot swallow it."""
-
-
-def _with_alarm(fn, timeout_s: float):
-    """Main thread: SIGALRM after timeout_s, then every 50 ms until disarmed. Restores the previous
-    handler and any outer timer (pytest-timeout, for one) with what is left of it."""
-    armed = [True]
-
-    def on_alarm(signum, frame):
-        if armed[0]:  # a late alarm after fn() returned must not hit the caller's code
-            raise _CheckTimeout()
-
-    t0 = time.monotonic()
-    old_handler = signal.signal(signal.SIGALRM, on_alarm)
-    outer_left, _ = signal.setitimer(signal.ITIMER_REAL, timeout_s, 0.05)
-    try:
-        return fn()
-    finally:
-        while armed[0]:
-            try:
-                armed[0] = False  # once this store ran, on_alarm is a no-op
-            except _CheckTimeout:  # an alarm landed just before the store: fn() is finished anyway
-                pass
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
-        if outer_left > 0:
-            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - t0), 1e-3))
-
-
-# Off the main thread signals cannot be used (only the main thread receives them), and a thread
-# cannot be stopped from outside: the first version raised an asynchronous exception into a worker
-# thread, which lands only at the next bytecode. `9^{9^{9^9}}` is one long C call in sympy's
-# integer power, so that worker never saw the exception, held the GIL, and the caller hung with it
-# (over 120 s, issue 16). A process can be killed whatever it is doing, so the check runs in a
-# child process, kept alive between checks (python + sympy start in ~1-2 s; a check then costs a
-# pipe round trip, ~0.2 ms) and killed and replaced only when a check runs out of time.
-_READY_TIMEOUT_S = 120.0  # start-up of a worker (interpreter + imports), not counted in timeout_s
-_MODULE = "verify" if __name__ == "__main__" else __name__  # what the worker imports to find _worker_main
-# The worker is `python -c` importing this module only: multiprocessing's "spawn" would re-run the
-# caller's main script in the child (all of it, if it lacks an `if __name__ == "__main__":` guard),
-# and "fork" copies a trainer's threads' locks, which can deadlock the child.
-_WORKER_MAIN = ("import importlib, sys; sys.path[:0] = sys.argv[3:]; "  # the caller's sys.path, so imports match
-                "importlib.import_module(sys.argv[2])._worker_main(int(sys.argv[1]))")
-_idle_workers: list = []  # started workers no thread is using; a check takes one out, puts it back
-_live_workers: set = set()  # all started workers, for the exit handler
-_idle_lock = threading.Lock()
-
-
-def _worker_main(fd: int) -> None:
-    """Child process: import math-verify, say "ready", then run each (fn, args) that arrives and
-    send back ("ok", value) or ("error", exception), until the parent closes its end."""
-    conn = multiprocessing.connection.Connection(fd)
-    _load_math_verify()
-    conn.send(("ready", None))
-    while True:
-        try:
-            fn, args = conn.recv()
-        except (EOFError, OSError):
-            return  # the parent exited
-        try:
-            conn.send(("ok", fn(*args)))
-        except Exception as e:  # noqa: BLE001 - handed to the parent, which counts it
-            try:
-                conn.send(("error", e))
-            except Exception:  # noqa: BLE001 - an exception that does not pickle
-                conn.send(("error", RuntimeError(repr(e))))
-
-
-class _Worker:
-    """A `python -c` child running _worker_main, and our end of the socket pair to it."""
-
-    def __init__(self):
-        ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno()), _MODULE, *sys.path]
-        self.process = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-        theirs.close()  # only the child holds it now, so recv() sees EOF if the child dies
-        self.conn = multiprocessing.connection.Connection(ours.detach())
-        with _idle_lock:
-            _live_workers.add(self)
-        try:
-            ready = self.conn.poll(_READY_TIMEOUT_S) and self.conn.recv()[0] == "ready"
-        except (EOFError, OSError):  # it died on start-up; its traceback is on stderr
-            ready = False
-        if not ready:
-            self.kill()
-            raise RuntimeError(f"verify worker did not start within {_READY_TIMEOUT_S:.0f} s")
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def kill(self) -> None:
-        self.process.kill()  # SIGKILL: stops a C call too
-        self.process.wait()
-        self.conn.close()
-        with _idle_lock:
-            _live_workers.discard(self)
-
-
-@atexit.register
-def _kill_workers() -> None:
-    """An idle worker exits by itself when our end closes; a busy one might be in a C call."""
-    for worker in list(_live_workers):
-        worker.kill()
-
-
-def _in_child_process(fn, timeout_s: float, args: tuple):
-    """Any thread: run fn(*args) in an idle worker process (started on first use); after timeout_s
-    kill that worker and raise _CheckTimeout. fn and args travel by pickle: a module-level function."""
-    with _idle_lock:
-        worker = _idle_workers.pop() if _idle_workers else None
-    if worker is not None and not worker.alive():  # died while idle (killed from outside, say)
-        worker.kill()
-        worker = None
-    if worker is None:
-        worker = _Worker()
-    try:
-        worker.conn.send((fn, args))  # pickles before it writes: an unpicklable fn leaves the pipe clean
-    except Exception as e:
-        with _idle_lock:
-            _idle_workers.append(worker)
-        raise TypeError("off the main thread run_with_timeout runs fn in a child process, so fn and "
-                        f"args must pickle (a module-level function, not a lambda): {e}") from e
-    if not worker.conn.poll(timeout_s):
-        worker.kill()
-        raise _CheckTimeout()
-    try:
-        status, value = worker.conn.recv()
-    except (EOFError, OSError):  # the child died (say, out of memory): count an error, start anew next time
-        worker.kill()
-        raise RuntimeError("verify worker process died during a check") from None
-    with _idle_lock:
-        _idle_workers.append(worker)
-    if status == "error":
-        raise value
-    return value
-
-
-def run_with_timeout(fn, timeout_s: float, *args):
-    """fn(*args) or _CheckTimeout after timeout_s seconds, from any thread. Off the main thread fn
-    runs in a child process, so it must be a module-level function and its result must pickle."""
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-        return _with_alarm(lambda: fn(*args), timeout_s)
-    return _in_child_process(fn, timeout_s, args)
-
-
-class _DropTimeoutDisabledWarning(logging.Filter):
-    def filter(self, record):  # we pass timeout=None on purpose: our guard above does the timing
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-_math_verify = None
-
-
-def _load_math_verify():
-    """Imported on first use (0.6 s, sympy), outside any timeout, so the toy's integers never pay it."""
-    global _math_verify
-    if _math_verify is None:
-        import math_verify
-
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
-        _math_verify = math_verify
-    return _math_verify
-
-
 def _symbolic_equal(pred: str, ref: str) -> bool:
     """math-verify on the raw strings (it has its own LaTeX normalization; ours drops spaces, which
     would turn '\\pi r' into '\\pir'). Gold first: math-verify's verify is not symmetric."""
@@ -536,61 +389,7 @@ def is_equivalent(pred: str, ref: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
         return False, "error"
 
 
-# ---------------------------------------------------------------------------------------------
-# The reward
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Grade:
-    """Everything reward() decided, for the CLI and for debugging."""
-
-    answer: str | None  # extracted final answer
-    rule: str  # extraction rule
-    check: str  # what decided equality ("no_answer" when nothing was extracted)
-    correct: bool
-    reward: float
-
-
-def grade(completion: str, answer: str, *, last_number_fallback: bool = False, final_sentence: bool = True,
-          format_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S,
-          stats: VerifyStats | None = None) -> Grade:
-    """reward() with its reasons. `answer` is ours (the data set's), so a bad one is a ValueError;
-    `completion` is the model's, so nothing in it raises."""
-    if isinstance(answer, (int, Fraction)) and not isinstance(answer, bool):
-        answer = str(answer)
-    if not isinstance(answer, str):
-        raise ValueError(f"reference answer must be a str, got {type(answer).__name__}: "
-                         "fix the data set's answer field")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}: pass e.g. timeout_s={DEFAULT_TIMEOUT_S}")
-    if not isinstance(completion, str):
-        completion = ""
-    try:
-        pred, rule = extract_answer(completion, last_number_fallback, final_sentence)
-    except Exception:  # noqa: BLE001 - defensive: extraction is plain string code
-        pred, rule = None, "none"
-    correct, check = (False, "no_answer") if pred is None else is_equivalent(pred, answer, timeout_s)
-    bonus = format_reward if format_reward and is_well_formed(completion) else 0.0
-    if stats is not None:
-        stats.count(rule, check, correct)
-    return Grade(pred, rule, check, correct, float(correct) + bonus)
-
-
-def reward(completion: str, answer: str, *, last_number_fallback: bool = False, final_sentence: bool = True,
-           format_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S,
-           stats: VerifyStats | None = None) -> float:
-    """1.0 if the completion's final answer equals `answer`, else 0.0 (plus `format_reward` for a
-    well-formed completion when that flag is > 0). Timeouts and errors score 0 and go to `stats`."""
-    return grade(completion, answer, last_number_fallback=last_number_fallback, final_sentence=final_sentence,
-                 format_reward=format_reward, timeout_s=timeout_s, stats=stats).reward
-
-
-def rewards(completions: list[str], answers: list[str], **kwargs) -> list[float]:
-    """reward() over a batch, one answer per completion (the trainer repeats a prompt's answer B_i times)."""
-    if len(completions) != len(answers):
-        raise ValueError(f"{len(completions)} completions but {len(answers)} answers: pass one answer per completion")
-    return [reward(c, a, **kwargs) for c, a in zip(completions, answers)]
-
-
+# The teaching CLI: python verify.py COMPLETION ANSWER [flags]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Score one completion against a reference answer.")
     parser.add_argument("completion", help="model output, e.g. 'so x = \\boxed{\\frac{1}{2}}'")

@@ -141,7 +141,7 @@ def dapo_rollouts(sample_block: Callable[[int], tuple], M: int, budgets: list[in
     no limit, as in verl) and, under --max-rollouts (rollouts_left: what the budget has left), no more
     blocks than it pays for (departure 2), so that a run ends at exactly its budget.
     sample_block(b) -> (roll, completion ids, rewards) of block b, rows prompt-major; roll
-    (train.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows' sampler
+    (engines/step_data.StepRollouts) gives the block's prompts, their tokens, answers and texts, the rows' sampler
     log-probs (round 0) and its generation seconds. Each group carries its prompt's and rows' share of
     them as payload, for DynamicBatch.kept_rows."""
     seconds, ends = [], [sum(budgets[:k + 1]) for k in range(len(budgets))]

@@ -230,7 +230,7 @@ def write_checkpoint(out: Path, step: int, model, tokenizer, optimizer, schedule
             _save_step_done(f"delete {old.name}")
     try:
         model.save_pretrained(tmp, state_dict=weights)  # --use-peft: the adapter only (adapter_model.safetensors, peft's format)
-        # the run's end (at --steps, or on --max-rollouts as DAPO's arm ends: issue 41): also a plain model, W + s B A
+        # the run's end (at --steps, or on --max-rollouts as DAPO's arm ends): also a plain model, W + s B A
         if lora.is_lora(model) and run_end:
             lora.save_merged(model, tokenizer, tmp / "merged")
             (tmp / "merged" / "run_config.json").write_text(json.dumps(run_config(args)))  # --model keeps its preset

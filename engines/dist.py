@@ -253,8 +253,8 @@ def gather_rows(share: Share, *columns: list) -> list[list]:
 
 
 def over_ranks(roll) -> dict:
-    """A step's generation time and verifier counts over every rank (roll: train.StepRollouts, this
-    rank's), like the rest of its record (rank 0's own alone before issue 41). A collective: every
+    """A step's generation time and verifier counts over every rank (roll: engines/step_data.StepRollouts, this
+    rank's), like the rest of its record . A collective: every
     rank calls it. verify_timeouts and verify_errors are SUMMED: each rank verified only its own
     rows, so the sum counts each rollout once, as one process would. gen_seconds is the MAX: the ranks generate at the same time, so the
     step waited for the slowest one before its gathers; a sum would count parallel seconds twice."""
@@ -284,7 +284,7 @@ def all_reduce_sums(sums: dict[str, float], keep: tuple[str, ...] = ()) -> dict[
     keys in `keep` are already global (the same on every rank) and stay as they are. The keys are
     every rank's together, a rank lacking one adding 0: a rank that owns no group this step (fewer
     prompts than ranks) computed no loss metrics at all, and an all-reduce of tensors of different
-    lengths would hang (issue 41)."""
+    lengths would hang."""
     if not tdist.is_initialized():
         return sums
     keys = sorted({k for part in gather_object(sorted(k for k in sums if k not in keep)) for k in part})
@@ -324,7 +324,7 @@ def seed_rank(seed: int) -> None:
 def own_rng(device: torch.device | None):
     """torch.random.fork_rng over the CPU and this rank's own device only (cuda:LOCAL_RANK under
     torchrun; --device's): devices=None would save and restore every visible GPU's RNG, initialising
-    CUDA on each of them from every rank (issue 41). None or a CPU device: the CPU RNG alone."""
+    CUDA on each of them from every rank. None or a CPU device: the CPU RNG alone."""
     return torch.random.fork_rng(devices=[device] if device is not None and device.type == "cuda" else [])
 
 

@@ -93,7 +93,7 @@ def wrap(model, args):
     # A wrapped layer whose weight is tied to another parameter (lm_head to embed_tokens: the toy labs,
     # Qwen2.5-0.5B and 1.5B) would change the policy's logits, but the tied weight is one tensor, which
     # named_parameters lists once, under the embedding's name: engine_weights (vLLM, merged/) would carry
-    # W without s * B A, and the engine would sample from another policy. Refused (issue 41); peft only warns.
+    # W without s * B A, and the engine would sample from another policy. Refused; peft only warns.
     shared = tied_names(model)
     tied = sorted(owner.rsplit(".", 1)[-1] for owner in layers if f"{owner}.base_layer.weight" in shared)
     if tied:

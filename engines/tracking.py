@@ -123,7 +123,7 @@ def completion_rows(step: int, prompt_idx, prompts, answers, completion_ids, rew
 
 
 def step_completions(step: int, batch, tokenizer, n: int) -> list[dict]:
-    """completion_rows of one train.py step (batch: its train.StepBatch), from this rank's own groups
+    """completion_rows of one train.py step (batch: its engines/step_data.StepBatch), from this rank's own groups
     (rank 0 writes; all of them in one process) and their rows of the step's N rewards."""
     roll, share, alloc = batch.roll, batch.share, batch.alloc
     own, rows = share.owned[share.rank], share.rows()

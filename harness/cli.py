@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 import allocate
+from arms import allocators
 from engines import checkpoint
 import coba
 from engines import dist
@@ -62,7 +63,7 @@ PRESETS = {
                 # held-out avg@8 (the paper's metric) on 1,024 problems, at steps 0, 75, 150: standard
                 # error ~0.01; the 3 evaluations cost about a third of the (sped-up) training (README)
                 generation_batch_size=512, eval_size=1024, eval_samples=8),
-    # toy-reason (issue 30): worked solutions of up to 57 characters (72 new tokens leave room for a
+    # toy-reason: worked solutions of up to 57 characters (72 new tokens leave room for a
     # slip), the lr that was stable in every calibration run (1e-3 collapsed in 4 steps: toy.py), and
     # only a completion that states its `####` answer is rewarded (no last-number fallback, as for real
     # models: the last number of a chain of partial sums is often an intermediate one). 40 steps, as in
@@ -83,6 +84,10 @@ PRESETS = {
 # Accepted range of each numeric flag, in interval notation ("[" includes the end, "(" excludes it).
 # resolve_args rejects a value outside it, or NaN, in one line that quotes the range. kappa, gamma,
 # prior, tau and failure_window are checked by coba.py with the paper's meaning in the message.
+# coba.py's checks name the paper's quantity first ("kappa must be ..."); the flag that sets it:
+PAPER_FLAGS = {"kappa": "--kappa", "gamma": "--gamma", "prior": "--prior", "tau": "--tau",
+               "window": "--failure-window", "schedule": "--schedule",
+               "M": "--prompts-per-step", "B_total": "--total-budget", "B_low": "--min-budget", "B_up": "--max-budget"}
 FLAG_RANGES = {
     "eval_size": "[0, inf)", "train_size": "[1, inf)", "max_prompt_length": "[1, inf)",
     "prompts_per_step": "[1, inf)", "num_generations": "[1, inf)", "total_budget": "[1, inf)",
@@ -152,10 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows of a data file without a usable question or answer (missing, null, empty): "
                         "skip and count them, or stop at the first with its file:line")
     g = ap.add_argument_group("CoBA-RL allocation (paper §2.3-2.4)")
-    g.add_argument("--allocator", choices=allocate.ALLOCATORS, default="coba",
+    g.add_argument("--allocator", choices=allocators.ALLOCATORS, default="coba",
                    help="uniform = GRPO; knapsack = Knapsack-RL; coba = paper's Algorithm 1; "
                         "coba-released = the released code's hybrid")
-    g.add_argument("--solver", choices=["heap", "threshold"], default="heap",
+    g.add_argument("--solver", choices=allocators.SOLVERS, default="heap",
                    help="coba only: Algorithm 1's heap, or our exact threshold solver (same optimum)")
     g.add_argument("--prompts-per-step", type=int, default=None, help="M, prompts per step (toy: 32)")
     g.add_argument("--num-generations", type=int, default=None,
@@ -179,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prior", type=float, default=0.5, help="pass rate assumed for unseen prompts (released code)")
     g.add_argument("--pass-rate-source", choices=["tracker", "oracle"], default="tracker",
                    help="where the allocator's p_i comes from: tracker = the prompt's last visits (the paper); "
-                        "oracle = (ours, a diagnostic, never a method: issue 42) --oracle-samples fresh rollouts of "
+                        "oracle = (ours, a diagnostic, never a method) --oracle-samples fresh rollouts of "
                         "the current policy per prompt before allocating, never trained on and not counted in "
                         "the rollouts (logged apart as oracle_rollouts, oracle_seconds)")
     g.add_argument("--oracle-samples", type=int, default=32,
@@ -243,7 +248,7 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (memory)")
     g.add_argument("--shared-prompt-forward", action=argparse.BooleanOptionalAction, default=None,
                    help="speed, same loss up to float rounding: the loss forward runs each distinct prompt of a "
-                        "micro-batch once and its completions on its KV cache (grpo.per_token_logps_shared_prompt; "
+                        "micro-batch once and its completions on its KV cache (speedups/shared_prompt.py; "
                         "default: on, off with --gradient-checkpointing or --fsdp)")
     g.add_argument("--sampler-logps", action=argparse.BooleanOptionalAction, default=True,
                    help="speed, same loss up to float rounding: HF rollouts record log pi(o_t) while sampling "
@@ -394,8 +399,9 @@ def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argpa
             coba.resolve_tau(args.tau, np.array([0.5]))
         coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
                                kappa=args.kappa, schedule=args.schedule_obj)
-    except ValueError as e:
-        ap.error(str(e))
+    except ValueError as e:  # coba.py's and allocate.py's errors speak the maths; their first word names the flag
+        flag = PAPER_FLAGS.get(str(e).split(maxsplit=1)[0]) if str(e) else None
+        ap.error(f"{flag}: {e}" if flag else str(e))
     return args
 
 

@@ -40,7 +40,7 @@ DATASET_ALIASES = {
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 # The held-out slice of a file without a test split is drawn with this seed, not --seed: runs of
 # different seeds are then evaluated on the same problems (paired comparisons), as the toy's split
-# (toy seed 0) always was. (Before issue 25 it followed --seed.) --seed still orders the training.
+# (toy seed 0) always was. --seed still orders the training.
 SPLIT_SEED = 0
 
 # The paper's Table 1 benchmarks (§3; docs/method-sources.md §5: avg@16 at T = 1.0, top-p 0.9), by name

@@ -68,7 +68,7 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
     greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
     correct = np.array(sampled, dtype=float).reshape(-1, k) if k > 0 else None  # (n, k)
     result = accuracies(np.array(greedy, dtype=float), correct, k)
-    # Per difficulty level (issue 42): the paper's gains are largest on its hardest benchmarks, so a
+    # Per difficulty level: the paper's gains are largest on its hardest benchmarks, so a
     # gain of an allocator would show first on the hardest level. Records carry "level" on the labs
     # (toy-reason: level L = L + 2 addends); the gathered outcomes are in rank order, so the levels are too.
     levels = [r.get("level") for w in range(ranks.world_size) for r in all_records[w::ranks.world_size]]
@@ -231,7 +231,7 @@ def curve(log: list[dict], key: str = "heldout_acc") -> tuple[np.ndarray, np.nda
 
 
 def hardest_level(evals: list[dict], metric: str) -> dict:
-    """The held-out set's hardest level (issue 42: the paper's gains are largest on its hardest
+    """The held-out set's hardest level (the paper's gains are largest on its hardest
     benchmarks): its level, problem count, the primary metric's curve and final value. The levels are
     the lab's (toy-reason: level L has L + 2 addends); {} for logs without per-level records."""
     levels = [r.get("heldout_by_level") for r in evals]

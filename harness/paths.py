@@ -1,4 +1,4 @@
-"""Path flags: the one check for every command-line flag that names a file or a folder (issue 32).
+"""Path flags: the one check for every command-line flag that names a file or a folder.
 
 Not part of the paper (arXiv 2602.03048): plumbing that keeps a slip of the shell from writing a run
 somewhere else. Path("") is ".", so `--output-dir ''` (say, an unset `$OUT`) used to put a whole run

@@ -5,7 +5,7 @@ evaluation.
 The paper compares arms at an equal rollout budget (arXiv 2602.03048 §3, Tables 1-3). Here every arm
 runs on the same seeds, and seed s gives every arm the same initial model, prompt order and held-out
 set, so an arm is compared with uniform GRPO seed by seed: the paired difference d_s = arm_s - uniform_s
-cancels the seed-to-seed noise both share (issue 12's design).
+cancels the seed-to-seed noise both share (design).
 
     t_quantile         Student t quantile t_(q, df), scipy.stats, to three decimals as printed
                        tables give it (T975, T80: df = 1..30), so committed tables redraw byte for byte
@@ -207,7 +207,7 @@ def signal_prompts(train: list[dict]) -> float | None:
 
 
 def oracle_stats(train: list[dict]) -> dict:
-    """--pass-rate-source oracle (issue 42): the oracle's rollouts (not trained on, not counted) and how far
+    """--pass-rate-source oracle: the oracle's rollouts (not trained on, not counted) and how far
     the tracker's estimate (the last visit's, what coba allocates on) was from the oracle's current pass
     rate: mean |p_stale - p_oracle| over the prompts seen before. {} for other arms."""
     if not train or "oracle_rollouts" not in train[0]:
@@ -244,7 +244,7 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
                     "prompts_at_min_budget"):
             vals = np.array([r[key] for r in mine], float)
             row[f"{key}_mean"], row[f"{key}_std"] = float(np.mean(vals)), float(np.std(vals))
-        # a runs.jsonl from before issue 36 has no "updates": one alpha_t per update (None: unknown)
+        # a runs.jsonl older than the comparison arms has no "updates": one alpha_t per update (None: unknown)
         updates = [r.get("updates", len(r.get("alpha_t") or []) or None) for r in mine]
         if None not in updates:
             row["updates_mean"] = float(np.mean(updates))
@@ -280,8 +280,8 @@ def compare_arms(runs: list[dict], baseline: str = "uniform") -> tuple[list[dict
                                  for s in common])
         diffs.append(d)
     # How long each arm ran (updates, generation blocks, rollouts) is recorded only where the arms
-    # differ in it (a DAPO arm): a sweep of equal-length arms keeps the summary rows it had before
-    # issue 36, so its redraw changes no committed byte (issue 32).
+    # differ in it (a DAPO arm): a sweep of equal-length arms keeps the summary rows it always had,
+    # so its redraw changes no committed byte.
     lengths = ("updates_mean", "blocks_mean", "total_rollouts_mean")
     if len({tuple(s.get(k) for k in lengths) for s in summary}) <= 1:
         for s in summary:
@@ -366,7 +366,7 @@ def markdown_table(summary: list[dict], diffs: list[dict], metric: str = "greedy
                    footer: list[str] = (), hard_label: str = "", baseline: str = "uniform") -> str:
     """The table: the primary metric's final value, AUC, paired differences with 95% CIs and the
     rollouts-to-target ratio; then the secondary metrics (value, and difference from uniform): greedy
-    accuracy, pass@k, and the primary metric on the held-out set's hardest level (issue 42)."""
+    accuracy, pass@k, and the primary metric on the held-out set's hardest level."""
     name = "greedy acc" if metric == "greedy" else metric
     diff = {d["arm"]: d for d in diffs}
     extra = [(key, label) for key, label in (("final_greedy", "greedy acc"), ("final_pass", f"pass@{pass_k}"),

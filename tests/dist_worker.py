@@ -22,12 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train  # noqa: E402
 
+from harness import run as run_setup
+
 
 def fixed_rollouts(out: Path) -> None:
     from test_step import FixedRollouts
     from toy import build_tokenizer
 
-    real_load_data, real_generate_groups = train.load_data, train.generate_groups
+    real_load_data, real_generate_groups = run_setup.load_data, train.generate_groups
 
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
@@ -45,7 +47,7 @@ def fixed_rollouts(out: Path) -> None:
         train.generate_groups = generate_groups
         return train_set, evals
 
-    train.load_data = load_data
+    run_setup.load_data = load_data
 
 
 def kill_rank1_at(step: int) -> None:
@@ -76,7 +78,7 @@ def verify_counts() -> None:
 def sgd() -> None:
     import torch
 
-    train.make_optimizer = lambda model, args: torch.optim.SGD(model.parameters(), lr=args.learning_rate)
+    run_setup.make_optimizer = lambda model, args: torch.optim.SGD(model.parameters(), lr=args.learning_rate)
 
 
 if __name__ == "__main__":

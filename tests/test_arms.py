@@ -25,6 +25,7 @@ import pytest
 from engines import checkpoint
 import coba
 import train
+from harness import run as run_setup
 from test_step import BASE, FixedRollouts, is_correct
 
 KNAPSACK_BUFFER = 16  # Knapsack-RL keeps each prompt's last 16 rewards (its `update_sample_state`)
@@ -73,7 +74,7 @@ def run_arm(tmp_path, monkeypatch, extra: list[str]) -> dict:
     from toy import build_tokenizer
 
     rec = {"allocate": [], "update": []}
-    real_load_data, real_alloc = train.load_data, train.allocate.allocate_budgets
+    real_load_data, real_alloc = run_setup.load_data, train.allocators.allocate_budgets
     real_update = coba.CapabilityTracker.update
 
     def load_data(args, *a, **kw):
@@ -95,8 +96,8 @@ def run_arm(tmp_path, monkeypatch, extra: list[str]) -> dict:
                               "knapsack": {i: copy.deepcopy(self.knapsack[i]) for i in ids}, "F_t": F_t})
         return F_t
 
-    monkeypatch.setattr(train, "load_data", load_data)
-    monkeypatch.setattr(train.allocate, "allocate_budgets", allocate_budgets)
+    monkeypatch.setattr(run_setup, "load_data", load_data)
+    monkeypatch.setattr(train.allocators, "allocate_budgets", allocate_budgets)
     monkeypatch.setattr(coba.CapabilityTracker, "update", update)
     flags = BASE + ["--num-mini-batches", "1"] + extra + ["--output-dir", str(tmp_path)]
     ap = train.build_parser()

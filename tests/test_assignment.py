@@ -99,7 +99,12 @@ def test_handout_stubs_exactly_the_exercises(handout):
             if name in stubbed.get(filename, {}):
                 body = theirs[name].body
                 assert ast.get_docstring(theirs[name]) == ast.get_docstring(node)  # the contract stays
-                assert len(body) == 2 and ast.unparse(body[1]) == f"raise NotImplementedError({stubbed[filename][name]!r})"
+                stub = stubbed[filename][name]
+                if isinstance(stub, tuple):  # a fast version that calls the student's function instead
+                    assert [ast.unparse(b) for b in body[1:]] == [ast.unparse(ast.parse(x).body[0]) for x in stub]
+                    assert "NotImplementedError" not in ast.unparse(theirs[name])
+                else:
+                    assert len(body) == 2 and ast.unparse(body[1]) == f"raise NotImplementedError({stub!r})"
                 assert ast.unparse(node.args) == ast.unparse(theirs[name].args)  # the signature too
             else:
                 assert ast.dump(node) == ast.dump(theirs[name]), f"{filename}:{name} changed"

@@ -1,5 +1,7 @@
-"""Tests of coba.py: the capability-oriented value function (paper §2.3, eqs. 4-9), its schedules,
-the Knapsack-RL value and the pass-rate tracker. Numbers in the asserts can be redone by hand.
+"""Tests of coba.py: the capability-oriented value function (paper §2.3, eqs. 4-9), its schedules
+and the pass-rate tracker (with the Knapsack-RL statistics it keeps); beside them Knapsack-RL's value
+(arms/knapsack.py) and the shared value interface (arms/values.py). Numbers in the asserts can be
+redone by hand.
 
 Run: cd /work/main && python -m pytest -q tests/test_coba.py   (~1 s, no model needed)
 """
@@ -10,6 +12,8 @@ import numpy as np
 import pytest
 
 import coba
+from arms import values
+from arms.knapsack import knapsack_value
 
 KAPPA = 11.0
 P = np.linspace(0.0, 1.0, 200_001)  # quadrature / argmax grid on [0, 1], step 5e-6
@@ -212,30 +216,30 @@ def test_resolve_tau():
 
 
 # ----------------------------------------------------------------------------------------------
-# Knapsack-RL value and the shared interface
+# Knapsack-RL's value (arms/knapsack.py) and the shared interface (arms/values.py)
 # ----------------------------------------------------------------------------------------------
 def test_knapsack_value():
     N = np.arange(0, 33)[:, None]  # (33, 1)
     # exact: 1 - 0**N - 1**N is 0 with no rounding at p in {0, 1}
-    np.testing.assert_array_equal(coba.knapsack_value(N, np.array([0.0, 1.0])), 0.0)  # p in {0, 1}
-    assert np.all(coba.knapsack_value(N, 0.3) >= 0)  # N = 0 clipped to 0, not -p (1-p)^2
+    np.testing.assert_array_equal(knapsack_value(N, np.array([0.0, 1.0])), 0.0)  # p in {0, 1}
+    assert np.all(knapsack_value(N, 0.3) >= 0)  # N = 0 clipped to 0, not -p (1-p)^2
     # by hand: N = 2, p = 0.5: (1 - 0.25 - 0.25) * 0.5 * 0.25 = 0.0625
-    assert coba.knapsack_value(2, 0.5) == pytest.approx(0.0625, rel=1e-12)
+    assert knapsack_value(2, 0.5) == pytest.approx(0.0625, rel=1e-12)
     # information term p (1 - p)^2 peaks at 1/3 (d/dp = (1 - p)(1 - 3p) = 0); at large N the first factor ~ 1
-    assert P[np.argmax(coba.knapsack_value(10_000, P))] == pytest.approx(1 / 3, abs=1e-4)
+    assert P[np.argmax(knapsack_value(10_000, P))] == pytest.approx(1 / 3, abs=1e-4)
     # its marginal gain also shrinks in N (so the same heap is optimal for it)
-    gain = np.diff(coba.knapsack_value(np.arange(1, 65), 0.2))
+    gain = np.diff(knapsack_value(np.arange(1, 65), 0.2))
     assert np.all(np.diff(gain) < 0)
 
 
 def test_value_function_interface():
     a, b, tau = 4.5, 6.5, 6.0
-    assert coba.value_function("coba", a, b, tau)(8, 0.3) == coba.capability_value(8, 0.3, a, b, tau)
-    assert coba.value_function("knapsack")(8, 0.3) == coba.knapsack_value(8, 0.3)
-    u = coba.value_function("uniform")
+    assert values.value_function("coba", a, b, tau)(8, 0.3) == coba.capability_value(8, 0.3, a, b, tau)
+    assert values.value_function("knapsack")(8, 0.3) == knapsack_value(8, 0.3)
+    u = values.value_function("uniform")
     assert u(3, np.array([0.1, 0.9])).tolist() == [0.875, 0.875]  # 1 - 2^-3, the same for every p
     with pytest.raises(ValueError):
-        coba.value_function("coba")  # needs alpha_t, beta_t, tau
+        values.value_function("coba")  # needs alpha_t, beta_t, tau
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,16 +323,16 @@ def test_tracker_knapsack_stats_follow_knapsack_rl():
     tr = coba.CapabilityTracker(window=1)
     first = [1, 1, 1, 1] + [0] * 12                   # 16 rollouts, 4 correct: p_hat = 4/16
     tr.update([9], [4], [16], rewards=[first])
-    assert [x.tolist() for x in tr.knapsack_stats([9, 5])] == [[0.25, 0.0], [16, 0]]
+    assert [x.tolist() for x in tr.knapsack.stats([9, 5])] == [[0.25, 0.0], [16, 0]]
     tr.update([9], [8], [8], rewards=[[1] * 8])       # 8 < 16: the last 16 rewards = 8 zeros + 8 ones
-    assert [x.tolist() for x in tr.knapsack_stats([9])] == [[0.5], [24]]
+    assert [x.tolist() for x in tr.knapsack.stats([9])] == [[0.5], [24]]
     assert tr.pass_rates([9])[0] == 1.0               # CoBA's own p_i keeps its window (1 visit)
     # without the order of the rewards, each rollout of a visit counts s/n (ours):
     # the last 16 = 8 of the first visit at .25 + 8 ones -> (2 + 8) / 16 = .625
     tr2 = coba.CapabilityTracker(window=1)
     tr2.update([9], [4], [16])
     tr2.update([9], [8], [8])
-    assert tr2.knapsack_stats([9])[0].tolist() == [0.625]
+    assert tr2.knapsack.stats([9])[0].tolist() == [0.625]
     with pytest.raises(ValueError, match="rewards"):
         tr2.update([9], [1], [2], rewards=[[1, 1]])   # sums to 2, not successes = 1
 
@@ -351,7 +355,7 @@ def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
     state = json.loads(json.dumps(tr.state_dict()))
     tr2 = coba.CapabilityTracker(window=2, released_init=True)
     tr2.load_state_dict(state)
-    assert [x.tolist() for x in tr2.knapsack_stats([1, 2])] == [x.tolist() for x in tr.knapsack_stats([1, 2])]
+    assert [x.tolist() for x in tr2.knapsack.stats([1, 2])] == [x.tolist() for x in tr.knapsack.stats([1, 2])]
     with pytest.raises(ValueError, match="released_init"):
         coba.CapabilityTracker(window=2).load_state_dict(state)
     # a checkpoint from before released_init and the knapsack statistics: released_init = False, and
@@ -360,7 +364,7 @@ def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
     old = {k: v for k, v in state.items() if k not in ("released_init", "knapsack")}
     tr3 = coba.CapabilityTracker(window=2)
     tr3.load_state_dict(old)
-    p_hat, n = tr3.knapsack_stats([1, 2])
+    p_hat, n = tr3.knapsack.stats([1, 2])
     assert n.tolist() == [12, 16] and p_hat.tolist() == pytest.approx([5 / 12, 0.0], abs=1e-15)
 
 
@@ -427,8 +431,8 @@ def test_knapsack_statistics_survive_a_checkpoint():
     t.update([3], [2.0], [2.0], rewards=[[1, 1]])
     back = coba.CapabilityTracker()
     back.load_state_dict(json.loads(json.dumps(t.state_dict())))
-    for got, want in zip(back.knapsack_stats([3, 7, 9]), t.knapsack_stats([3, 7, 9])):
+    for got, want in zip(back.knapsack.stats([3, 7, 9]), t.knapsack.stats([3, 7, 9])):
         # exact: the same statistics before and after a JSON round trip
         np.testing.assert_array_equal(got, want)
-    p_hat, counts = back.knapsack_stats([3, 7])
+    p_hat, counts = back.knapsack.stats([3, 7])
     assert counts.tolist() == [6, 2] and p_hat[0] == pytest.approx(3 / 6)  # last 16 rewards: 0,1,0,0,1,1

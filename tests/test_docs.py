@@ -214,8 +214,7 @@ def refused(calls, monkeypatch, capsys) -> list[str]:
 def test_every_shown_command_parses(whole_flags_only, monkeypatch, capsys):
     calls = shown_calls()
     # the extraction finds them (compare.py's commands live in docs/results.md, a stub in a handout)
-    assert {s for _, s, _ in calls} >= {"train.py", "bench.py", "plots.py", "assignment.py", "allocate.py",
-                                         "gpu_check.py"}
+    assert {s for _, s, _ in calls} >= {"train.py", "bench.py", "plots.py", "assignment.py", "gpu_check.py"}
     bad = refused(calls, monkeypatch, capsys)
     assert not bad, "commands their script refuses:\n" + "\n".join(bad)
 

@@ -16,6 +16,7 @@ import pytest
 from harness import data
 from harness import evaluate
 import train
+from harness import run as run_setup
 import verify
 
 # A few rows per benchmark, in its hub copy's exact columns (contents written for the test).
@@ -261,7 +262,7 @@ def test_run_eval_means_over_benchmarks_not_heldout(monkeypatch):
     monkeypatch.setattr(evaluate, "evaluate", lambda model, tok, records, args, gen: {
         "acc": fixed[records[0]["name"]], "avg@4": fixed[records[0]["name"]] / 2})
     written = []
-    run = train.Run(train.argparse.Namespace(eval_samples=4, seed=0), None, None, None, None, None, None, None, None,
+    run = run_setup.Run(run_setup.argparse.Namespace(eval_samples=4, seed=0), None, None, None, None, None, None, None, None,
                     None, [], {name: [{"name": name}] for name in fixed}, None, train.contextlib.nullcontext,
                     counters={"rollouts": 7, "seconds": 0.0})
     run.write = written.append

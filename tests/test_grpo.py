@@ -10,6 +10,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import grpo
+from engines import sampler_correction
 
 PAD = 0
 
@@ -177,11 +178,11 @@ def test_truncated_importance_weights_hand_computed():
     sampler = torch.zeros(2, 2, dtype=torch.float64)
     sampler[1, 1] = -100.0
     mask = torch.tensor([[1, 1], [1, 0]])
-    w = grpo.truncated_importance_weights(trainer, sampler, mask, cap=3.0)
+    w = sampler_correction.truncated_importance_weights(trainer, sampler, mask, cap=3.0)
     # exp: 2, 0.5, 4 -> min(., 3) = 2, 0.5, 3; padding -> 1
     torch.testing.assert_close(w, torch.tensor([[2.0, 0.5], [3.0, 1.0]], dtype=torch.float64))
     with pytest.raises(ValueError, match="cap"):
-        grpo.truncated_importance_weights(trainer, sampler, mask, cap=0.0)
+        sampler_correction.truncated_importance_weights(trainer, sampler, mask, cap=0.0)
 
 
 def test_token_weights_scale_the_surrogate_not_the_kl():
@@ -461,3 +462,39 @@ def test_group_advantages_of_an_empty_batch():
     """N = 0 rollouts (mutation testing found no case): nothing to score, no groups, no error."""
     adv, stats = grpo.group_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long))
     assert adv.shape == (0,) and stats["num_groups"] == 0 and stats["zero_signal_rollouts"] == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. App. C's update: the plain grpo.policy_update against the one train.py runs
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("loss_type, beta, mini_batches", [("dapo", 0.0, 2), ("grpo", 0.04, 3), ("dr_grpo", 0.0, 1)])
+def test_plain_policy_update_matches_engines_update(model, loss_type, beta, mini_batches):
+    """Same weights after (and the same logged loss, grad_norm, clip_frac) as engines/update.py's
+    policy_update in one process, which accumulates micro-batches of 3 rows and takes pi_old from its
+    own forward in the first mini-batch: float64, so they agree to ~1e-12, not bit for bit (other
+    batch groupings round differently)."""
+    from engines import update
+
+    rows = ROWS + [(p, c[::-1]) for p, c in ROWS]  # 8 rows, each prompt twice
+    ids, attn, cmask = collate(rows)
+    batch = {"input_ids": ids, "attention_mask": attn, "completion_mask": cmask,
+             "advantages": torch.tensor([1.2, -0.8, 0.5, -1.0, -0.3, 0.9, -0.5, 1.1], dtype=torch.float64)}
+    args = types.SimpleNamespace(num_mini_batches=mini_batches, micro_batch_size=3, temperature=0.9, epsilon=0.2,
+                                 epsilon_high=0.28, beta=beta, loss_type=loss_type, max_completion_length=T,
+                                 max_grad_norm=0.5)
+    ref_model = copy.deepcopy(model) if beta else None
+    results = []
+    for fn in (grpo.policy_update, update.policy_update):
+        m = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(m.parameters(), lr=2.0)  # large: the later mini-batches' ratio moves off 1
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+        metrics = fn(m, optimizer, scheduler, batch, args, ref_model, gen_seed=5)
+        results.append((metrics, torch.cat([p.detach().flatten() for p in m.parameters()])))
+    (plain, w_plain), (full, w_full) = results
+    w0 = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (w_plain - w0).norm() > 1e-3  # the update moved the weights
+    torch.testing.assert_close(w_plain, w_full, rtol=0, atol=1e-10)
+    for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "kl", "entropy", "num_tokens"):
+        assert plain[key] == pytest.approx(full[key], rel=1e-9, abs=1e-12), key
+    if mini_batches > 1:
+        assert plain["ratio_mean"] != pytest.approx(1.0, abs=1e-6)  # pi_old mattered

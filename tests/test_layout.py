@@ -5,13 +5,14 @@ The root holds the paper's files (coba.py, allocate.py, grpo.py, verify.py, trai
 scripts users run by name (compare, plots, bench, gpu_check, toy, assignment); everything else lives
 in a folder that says what it holds: engines/ (generation, LoRA, torchrun, checkpoints, tracking),
 arms/ (the baselines and diagnostics beside the paper's arm), harness/ (flags, data, models,
-evaluation, statistics, sweeps, paths). A cycle (even through an import inside a function) means
+evaluation, statistics, sweeps, paths), speedups/ (exact speed-ups, each beside the plain
+computation it accelerates). A cycle (even through an import inside a function) means
 two files each need the other to be read first."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engines", "arms", "harness")
+PACKAGES = ("engines", "arms", "harness", "speedups")
 PAPER = ("coba", "allocate", "grpo", "verify", "train")
 SCRIPTS = ("compare", "plots", "bench", "gpu_check", "toy", "assignment")
 MODULES = {p.stem: p for p in ROOT.glob("*.py")} | {
@@ -70,12 +71,16 @@ def test_find_cycle_finds_one_and_only_one():
 
 def test_no_file_imports_one_above_it():
     graph = {m: project_imports(p) for m, p in MODULES.items()}
-    assert graph["train"] >= {"coba", "allocate", "grpo", "verify", "data", "checkpoint", "rollout"}  # parsed
+    assert graph["train"] >= {"coba", "allocators", "grpo", "verify", "data", "checkpoint", "rollout"}  # parsed
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
     assert graph["paths"] == set(), "harness/paths.py is every script's path check: it imports nothing of ours"
     for pure in ("dynamic_sampling", "stats", "sweep"):  # pure helpers: tests drive them without a model
         assert graph[pure] == set(), pure
+    assert graph["grpo"] == set(), "grpo.py is the paper alone: the update at scale imports it, not the reverse"
+    assert graph["allocate"] == set(), "allocate.py is the paper alone: the arms and speed-ups import it, not the reverse"
     for low in ("coba", "allocate", "grpo", "verify", "toy", "data", "models", "checkpoint", "dist", "lora",
+                "update", "sampler_correction", "shared_prompt",
+                "allocators", "knapsack", "released", "lazy_heap", "threshold",
                 "dynamic_sampling", "cli", "evaluate", "stats", "sweep"):
         assert "train" not in graph[low] and "compare" not in graph[low], low
 

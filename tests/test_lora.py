@@ -27,6 +27,7 @@ import grpo
 from engines import lora
 from engines import rollout
 import train
+from harness import run as run_setup
 from test_rollout import FakeVLLM
 
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
@@ -100,7 +101,7 @@ def test_a_step_moves_lora_weights_only(toy_model_dir, checkpointing):
         model.gradient_checkpointing_enable()
     model = lora.wrap(model, args)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = train.make_optimizer(model, args)
+    optimizer = run_setup.make_optimizer(model, args)
     assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == 155_648  # AdamW sees LoRA only
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     ids, attn, T = rows(toy_model_dir)
@@ -136,8 +137,8 @@ def test_reference_is_the_base_model_up_to_rounding(toy_model_dir):
 
 def test_train_beta_uses_the_adapterless_policy_as_reference(toy_model_dir, tmp_path, monkeypatch):
     loads = []
-    real = train.load_model_and_tokenizer
-    monkeypatch.setattr(train, "load_model_and_tokenizer", lambda *a, **k: loads.append(1) or real(*a, **k))
+    real = run_setup.load_model_and_tokenizer
+    monkeypatch.setattr(run_setup, "load_model_and_tokenizer", lambda *a, **k: loads.append(1) or real(*a, **k))
     seen = {}
     real_update = train.policy_update
 
@@ -325,14 +326,14 @@ def test_no_grad_forwards_run_in_eval_mode_and_the_update_in_train_mode(toy_mode
     mode), the loss's forwards with it (train mode). A hook records the mode of every forward of a
     2-step run whose old log-probs come from a no-grad forward (--no-sampler-logps) and with a KL term."""
     modes = []
-    real = train.load_model_and_tokenizer
+    real = run_setup.load_model_and_tokenizer
 
     def load(*a, **k):
         model, tok, path = real(*a, **k)
         model.register_forward_pre_hook(lambda m, _: modes.append((torch.is_grad_enabled(), m.training)))
         return model, tok, path
 
-    monkeypatch.setattr(train, "load_model_and_tokenizer", load)
+    monkeypatch.setattr(run_setup, "load_model_and_tokenizer", load)
     spans = []
     real_update = train.policy_update
 

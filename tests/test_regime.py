@@ -23,6 +23,7 @@ import compare
 from harness import evaluate
 from harness import stats
 import train
+from harness import run as run_setup
 from test_step import BASE, FixedRollouts, is_correct
 
 K_EVAL = 4  # avg@4 in the scripted evaluation
@@ -127,7 +128,7 @@ def test_coba_oracle_rollouts_are_neither_trained_on_nor_counted(tmp_path, toy_m
     from toy import build_tokenizer
 
     rec = {"learn": [], "gen": []}
-    real_load_data, real_learn = train.load_data, train.learn
+    real_load_data, real_learn = run_setup.load_data, train.learn
 
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
@@ -142,12 +143,12 @@ def test_coba_oracle_rollouts_are_neither_trained_on_nor_counted(tmp_path, toy_m
         monkeypatch.setattr(train, "generate_groups", generate)
         return train_set, evals
 
-    def learn(run, step, roll, completion_ids, rewards, group_ids, *a, **kw):
-        rec["learn"].append({"prompt_idx": list(roll.prompt_idx), "completion_ids": list(completion_ids),
-                             "rewards": rewards.tolist(), "group_ids": group_ids.tolist()})
-        return real_learn(run, step, roll, completion_ids, rewards, group_ids, *a, **kw)
+    def learn(run, step, got, group_ids, advantages):
+        rec["learn"].append({"prompt_idx": list(got.roll.prompt_idx), "completion_ids": list(got.completion_ids),
+                             "rewards": list(got.rewards), "group_ids": group_ids.tolist()})
+        return real_learn(run, step, got, group_ids, advantages)
 
-    monkeypatch.setattr(train, "load_data", load_data)
+    monkeypatch.setattr(run_setup, "load_data", load_data)
     monkeypatch.setattr(train, "learn", learn)
     flags = BASE + ["--allocator", "coba", "--pass-rate-source", "oracle", "--oracle-samples", str(ORACLE_K),
                     "--steps", "2", "--output-dir", str(tmp_path)]

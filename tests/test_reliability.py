@@ -18,6 +18,7 @@ import torch
 from engines import checkpoint
 from harness import data
 import train
+from harness import run as run_setup
 
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
          "--eval-every", "0", "--no-progress", "--max-budget", "12"]
@@ -92,8 +93,8 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
     OSError, so save_checkpoint's disk-error handling lets it through, and nothing runs after the crash point."""
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(SMALL + ["--output-dir", str(tmp_path)]), ap)
-    model, tokenizer, _ = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
-    optimizer = train.make_optimizer(model, args)
+    model, tokenizer, _ = run_setup.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
+    optimizer = run_setup.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     tracker = train.coba.CapabilityTracker(window=1, prior=0.5, gamma=10.0, kappa=11.0)
     sampler = data.PromptSampler(32, 0)
@@ -142,7 +143,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
 
 
 def argparse_like(args, **changes):
-    new = train.argparse.Namespace(**vars(args))
+    new = run_setup.argparse.Namespace(**vars(args))
     for key, value in changes.items():
         setattr(new, key, value)
     return new
@@ -291,13 +292,13 @@ def test_rows_without_a_usable_question_or_answer_are_skipped_and_counted_or_ref
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     counts = {}
-    train_set, evals = train.load_data(data_args(path), counts)
+    train_set, evals = run_setup.load_data(data_args(path), counts)
     assert counts == {"skipped_rows": 4}
     records = train_set + evals["heldout"]
     assert len(records) == 16 - 4 and all(r["question"].strip() and r["question"] != "None" for r in records)
     assert {"question": "2+2=", "answer": "4"} in records  # a numeric answer is fine
     with pytest.raises(SystemExit, match=f"error: {path}:3: no usable 'answer'.*--bad-rows skip"):
-        train.load_data(data_args(path, "--bad-rows", "error"))
+        run_setup.load_data(data_args(path, "--bad-rows", "error"))
 
 
 def test_data_file_errors_name_file_and_line(tmp_path):
@@ -305,11 +306,11 @@ def test_data_file_errors_name_file_and_line(tmp_path):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text("\n".join(good[:3] + ['{"question": "4+1=", "answer": "5"'] + good[3:]) + "\n")
     with pytest.raises(SystemExit, match=f"error: {bad_json}:4: not valid JSON"):
-        train.load_data(data_args(bad_json))
+        run_setup.load_data(data_args(bad_json))
     latin1 = tmp_path / "latin1.jsonl"
     latin1.write_bytes("\n".join(good[:1] + ['{"question": "caf\xe9 1+1=", "answer": "2"}'] + good[1:]).encode("latin-1"))
     with pytest.raises(SystemExit, match=f"error: {latin1}:2: byte 0xe9 is not UTF-8"):
-        train.load_data(data_args(latin1))
+        run_setup.load_data(data_args(latin1))
 
 
 def test_bom_and_json_layouts_load(tmp_path):
@@ -321,7 +322,7 @@ def test_bom_and_json_layouts_load(tmp_path):
     array = tmp_path / "array.json"
     array.write_text(json.dumps(rows, indent=2))
     for path in (bom, nested, array):
-        train_set, evals = train.load_data(data_args(path))
+        train_set, evals = run_setup.load_data(data_args(path))
         assert sorted(r["question"] for r in train_set + evals["heldout"]) == sorted(r["question"] for r in rows)
     one = tmp_path / "one.json"
     one.write_text(json.dumps(rows[0], indent=2))  # a single problem, pretty-printed
@@ -333,7 +334,7 @@ def test_long_prompts_are_skipped_and_counted_without_tokenising_them(tmp_path, 
     32 * L characters (natural text has ~4 a token), so memory stays bounded."""
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(["--model", "toy", "--max-prompt-length", "16"]), ap)
-    _, tokenizer, _ = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
+    _, tokenizer, _ = run_setup.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
     seen = []
 
     def spy(texts, **kw):
@@ -384,13 +385,13 @@ def test_held_out_slice_of_a_small_file_is_capped_at_a_fifth(tmp_path, capsys):
     args = train.resolve_args(ap.parse_args(["--model", "smollm2-135m", "--dataset", str(path),
                                              "--prompts-per-step", "4"]), ap)
     assert args.eval_size == 500
-    train_set, evals = train.load_data(args)
+    train_set, evals = run_setup.load_data(args)
     assert (len(train_set), len(evals["heldout"])) == (32, 8)  # 40 // 5 = 8 held out
     assert "holding out 8 (a fifth)" in capsys.readouterr().err
     args.prompts_per_step = 33
     with pytest.raises(SystemExit, match=r"32 training problems \(8 more held out by --eval-size\) < "
                                          r"--prompts-per-step 33: lower --prompts-per-step or --eval-size"):
-        train.load_data(args)
+        run_setup.load_data(args)
 
 
 def test_log_and_summary_are_finite_numbers(tmp_path, toy_model_dir):

@@ -137,7 +137,7 @@ class FakeVLLM(types.ModuleType):
                 assert "weights" not in self.asleep, "loading weights into memory that is asleep"
                 if callable(method):  # run_method calls it with the worker (v1/serial_utils.py:497-508);
                     # not run here: the real one needs vLLM's model (tests/test_vllm_engine.py runs it)
-                    assert method.__module__ == "rollout", "only rollout's own functions travel to the worker"
+                    assert method.__module__ == "engines.rollout", "only engines/rollout.py's own functions travel to the worker"
                     log.append(("rpc", method.__name__))
                     return [None]
                 getattr(self.worker, method)(*args, **(kwargs or {}))  # run_method, v1/serial_utils.py:499-505

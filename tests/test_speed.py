@@ -1,6 +1,6 @@
 """The three speed-ups of a step against the plain computation (the golden step), on a tiny Qwen2.
 
-- grpo.per_token_logps_shared_prompt (--shared-prompt-forward): each distinct prompt runs once;
+- speedups/shared_prompt.py (--shared-prompt-forward), beside grpo.per_token_logps: each distinct prompt runs once;
 - rollout.SampledTokenLogps (--sampler-logps): generate's own log pi(o_t) serve as pi_old;
 - rollout.prefill_distinct_prompts (--shared-prompt-prefill): each distinct prompt prefilled once.
 
@@ -24,6 +24,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import grpo
 from engines import rollout
+from speedups import shared_prompt
 import train
 
 PAD, EOS, V = 0, 1, 32
@@ -80,7 +81,7 @@ def test_shared_prompt_forward_matches_plain_fp32(model, micro):
     comp, _ = rollouts(model)
     ids, attn, cmask = batch_of(comp)
     plain = logps_and_grad(grpo.per_token_logps, model, ids, attn, cmask, micro, temperature=0.7)
-    shared = logps_and_grad(grpo.per_token_logps_shared_prompt, model, ids, attn, cmask, micro, temperature=0.7)
+    shared = logps_and_grad(shared_prompt.per_token_logps_shared_prompt, model, ids, attn, cmask, micro, temperature=0.7)
     m = cmask.bool()
     torch.testing.assert_close(shared[0][m], plain[0][m], rtol=0, atol=1e-5)  # log-probs
     torch.testing.assert_close(shared[1][m], plain[1][m], rtol=0, atol=1e-5)  # entropy
@@ -94,17 +95,17 @@ def test_shared_prompt_forward_runs_each_prompt_once_and_handles_T_1(model):
     widths = []
     hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: widths.append(tuple(inp[0].shape)))
     try:
-        grpo.per_token_logps_shared_prompt(model, ids, attn, cmask.shape[1])
+        shared_prompt.per_token_logps_shared_prompt(model, ids, attn, cmask.shape[1])
     finally:
         hook.remove()
     P, T = ids.shape[1] - cmask.shape[1], cmask.shape[1]
     assert widths == [(len(PROMPTS), P), (sum(BUDGETS), T - 1)]  # 4 distinct prompts, then 10 rows' completions
     # one completion column: only the prompt pass runs; and a batch without repeats: the plain path
-    one = grpo.per_token_logps_shared_prompt(model, ids[:, :P + 1], attn[:, :P + 1], 1)
+    one = shared_prompt.per_token_logps_shared_prompt(model, ids[:, :P + 1], attn[:, :P + 1], 1)
     torch.testing.assert_close(one, grpo.per_token_logps(model, ids[:, :P + 1], attn[:, :P + 1], 1), rtol=0, atol=1e-5)
     distinct = [0, 3, 4, 8]
     # exact: the same computation: without repeated prompts the shared path calls the plain forward
-    torch.testing.assert_close(grpo.per_token_logps_shared_prompt(model, ids[distinct], attn[distinct], T),
+    torch.testing.assert_close(shared_prompt.per_token_logps_shared_prompt(model, ids[distinct], attn[distinct], T),
                                grpo.per_token_logps(model, ids[distinct], attn[distinct], T), rtol=0, atol=0)
 
 
@@ -112,7 +113,7 @@ def test_shared_prompt_forward_bf16_autocast(model):
     comp, _ = rollouts(model)
     ids, attn, cmask = batch_of(comp)
     plain = logps_and_grad(grpo.per_token_logps, model, ids, attn, cmask, None, autocast=True)
-    shared = logps_and_grad(grpo.per_token_logps_shared_prompt, model, ids, attn, cmask, None, autocast=True)
+    shared = logps_and_grad(shared_prompt.per_token_logps_shared_prompt, model, ids, attn, cmask, None, autocast=True)
     m = cmask.bool()
     torch.testing.assert_close(shared[0][m], plain[0][m], rtol=0, atol=0.1)
     assert (shared[2] - plain[2]).norm() <= 0.05 * plain[2].norm()

@@ -5,7 +5,7 @@ wiring. Rollouts are injected: `train.generate_groups` is replaced by `FixedRoll
 completions are a known function of (prompt, row), so every reward of every step is known in
 advance. `correct_step` below is the one statement of what a correct step does with them:
 
-    pass rates of the last visit -> alpha_t, beta_t, tau -> B_i (allocate.allocate_budgets)
+    pass rates of the last visit -> alpha_t, beta_t, tau -> B_i (arms/allocators.py allocate_budgets)
     -> rewards r_j -> tracker gets successes_i / B_i -> advantages per prompt's own rows only.
 
 A full `train.main` run is then checked against it (and against a loss and gradient computed
@@ -31,10 +31,14 @@ import numpy as np
 import pytest
 import torch
 
-import allocate
+from arms import allocators
+from arms.probe import probe_knapsack_stats
 import coba
 import grpo
+from engines import sampler_correction
+from speedups import shared_prompt
 import train
+from harness import run as run_setup
 
 # M = 8 prompts from a pool of 8: every step revisits every prompt, so step 2 already allocates
 # from step 1's pass rates (non-uniform budgets), and step 3 from step 2's (window 1).
@@ -103,7 +107,7 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
     updating `tracker` in place. Returns what train.py must have allocated, observed and fed on."""
     M = len(prompt_idx)
     pass_rates, seen = tracker.pass_rates(prompt_idx), tracker.seen(prompt_idx)
-    knapsack_stats = tracker.knapsack_stats(prompt_idx)  # Knapsack-RL's own p estimate and counts
+    knapsack_stats = tracker.knapsack.stats(prompt_idx)  # Knapsack-RL's own p estimate and counts
     alpha_t, beta_t = tracker.alpha_beta(progress=step / args.steps)
     rows_of = {}  # prompt position i -> its rows' (dataset index, row within its generation call)
     if args.probe:  # B_low rows per prompt first, pooled with the last visits (train.py --probe)
@@ -113,11 +117,11 @@ def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: i
                                for h, s in zip(hist, probe)])
         seen = np.ones(M, dtype=bool)
         probe_rewards = [float(is_correct(j, r)) for j in prompt_idx for r in range(args.min_budget)]
-        knapsack_stats = coba.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
+        knapsack_stats = probe_knapsack_stats(tracker, prompt_idx, probe_rewards, args.min_budget)
     tau = coba.resolve_tau(args.tau, pass_rates)  # logged over all M; "adaptive" goes on as is
-    budgets = allocate.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget, args.min_budget,
-                                        args.max_budget, alpha_t, beta_t, "adaptive" if args.tau == "adaptive"
-                                        else tau, solver=args.solver, knapsack_stats=knapsack_stats)
+    budgets = allocators.allocate_budgets(args.allocator, pass_rates, seen, args.total_budget, args.min_budget,
+                                          args.max_budget, alpha_t, beta_t, "adaptive" if args.tau == "adaptive"
+                                          else tau, solver=args.solver, knapsack_stats=knapsack_stats)
     for i, (j, B) in enumerate(zip(prompt_idx, budgets)):
         rows_of[i] = ([(j, r) for r in range(args.min_budget)] + [(j, r) for r in range(B - args.min_budget)]
                       if args.probe else [(j, r) for r in range(B)])
@@ -151,9 +155,9 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
     rec = {"allocate": [], "tracker": [], "adv": [], "update": [], "opt": [], "policy_fwd": []}
     from toy import build_tokenizer
 
-    real_load_data, real_alloc = train.load_data, train.allocate.allocate_budgets
+    real_load_data, real_alloc = run_setup.load_data, train.allocators.allocate_budgets
     real_update, real_adv = coba.CapabilityTracker.update, train.grpo.group_advantages
-    real_policy_update, real_make_opt = train.policy_update, train.make_optimizer
+    real_policy_update, real_make_opt = train.policy_update, run_setup.make_optimizer
     real_logps = train.grpo.per_token_logps
 
     def load_data(args, *a, **kw):
@@ -207,13 +211,13 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
                               "ref_model": a[0] if a else kw.get("ref_model")})
         return real_policy_update(model, optimizer, scheduler, batch, args, *a, **kw)
 
-    monkeypatch.setattr(train, "load_data", load_data)
-    monkeypatch.setattr(train.allocate, "allocate_budgets", allocate_budgets)
+    monkeypatch.setattr(run_setup, "load_data", load_data)
+    monkeypatch.setattr(train.allocators, "allocate_budgets", allocate_budgets)
     monkeypatch.setattr(coba.CapabilityTracker, "update", tracker_update)
     monkeypatch.setattr(train.grpo, "group_advantages", group_advantages)
     monkeypatch.setattr(train.grpo, "per_token_logps", spy(real_logps))
-    monkeypatch.setattr(train.grpo, "per_token_logps_shared_prompt", spy(train.grpo.per_token_logps_shared_prompt))
-    monkeypatch.setattr(train, "make_optimizer", make_optimizer)
+    monkeypatch.setattr(shared_prompt, "per_token_logps_shared_prompt", spy(shared_prompt.per_token_logps_shared_prompt))
+    monkeypatch.setattr(run_setup, "make_optimizer", make_optimizer)
     monkeypatch.setattr(train, "policy_update", policy_update)
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(BASE + extra + ["--output-dir", str(tmp_path)]), ap)
@@ -297,7 +301,7 @@ def reference_update(rec: dict, s: int, exp: dict) -> list[dict]:
             epsilon_high=args.epsilon_high, ref_logps=None if ref is None else ref[rows], beta=args.beta,
             loss_type=args.loss_type, max_completion_length=args.max_completion_length,
             token_weights=None if cap is None else  # truncated IS against the sampler's log-probs
-            grpo.truncated_importance_weights(old[rows], sampler[rows], mask[rows], cap))
+            sampler_correction.truncated_importance_weights(old[rows], sampler[rows], mask[rows], cap))
         loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
         # then clip_grad_norm_ to --max-grad-norm, as torch does it (1e6 in BASE: a no-op)
@@ -309,7 +313,7 @@ def reference_update(rec: dict, s: int, exp: dict) -> list[dict]:
     if cap is not None:  # logged: token means over the whole batch
         m = mask.bool()
         out[0]["vllm_logp_gap"] = float((old - sampler).abs()[m].mean())
-        out[0]["vllm_is_weight_mean"] = float(grpo.truncated_importance_weights(old, sampler, mask, cap)[m].mean())
+        out[0]["vllm_is_weight_mean"] = float(sampler_correction.truncated_importance_weights(old, sampler, mask, cap)[m].mean())
     return out
 
 

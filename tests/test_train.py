@@ -14,6 +14,7 @@ import pytest
 
 from harness import data
 import train
+from harness import run as run_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "toy", "--prompts-per-step", "8", "--num-generations", "4", "--train-size", "32", "--eval-size", "16",
@@ -94,10 +95,10 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--schedule", "fixed:1"])
     assert "fixed" in capsys.readouterr().err
-    missing = train.argparse.Namespace(model=str(tmp_path / "no-such-model"), no_progress=True,
+    missing = run_setup.argparse.Namespace(model=str(tmp_path / "no-such-model"), no_progress=True,
                                        gradient_checkpointing=False)
     with pytest.raises(SystemExit, match="cannot load model .*no-such-model.*local model directory"):
-        train.load_model_and_tokenizer(missing, train.torch.device("cpu"), train.torch.float32)
+        run_setup.load_model_and_tokenizer(missing, train.torch.device("cpu"), train.torch.float32)
 
 
 def test_local_dataset_file_and_missing_column(tmp_path, toy_model_dir):
@@ -107,12 +108,12 @@ def test_local_dataset_file_and_missing_column(tmp_path, toy_model_dir):
                                             "--answer-field", "a", "--eval-size", "8",
                                             "--prompts-per-step", "4"])
     args.prompt_template, args.model = "{question}", "toy"
-    train_set, evals = train.load_data(args)
+    train_set, evals = run_setup.load_data(args)
     assert len(train_set) == 32 and len(evals["heldout"]) == 8
     assert all(r["answer"] == str(2 * int(r["question"].split("+")[0])) for r in train_set)
     args.question_field = "question"
     with pytest.raises(SystemExit, match=r"no column 'question' \(columns: a, q\): pass --question-field"):
-        train.load_data(args)
+        run_setup.load_data(args)
 
 
 def test_reference_answer_extraction():

@@ -1,4 +1,5 @@
-"""Tests for verify.py, the binary verifiable reward (RLVR).
+"""Tests for verify.py, the binary verifiable reward (RLVR), and engines/grading.py, the worker pool
+its symbolic check runs under (section 5).
 
 Run: python -m pytest -q tests/test_verify.py    (~140 cases, ~15 s; the adversarial cases wait out 1 s
 timeouts, and two tests start a verify worker process, ~1-3 s each)
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import verify
+from engines import grading
 from verify import VerifyStats, extract_answer, is_equivalent, normalize, reward, rewards
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -336,15 +338,17 @@ def test_deeply_nested_latex_times_out():
 
 # A reward call from a worker thread on `9^{9^{9^9}}`: sympy's integer power is one C call that never
 # returns. The first version ran the check in a thread and raised an exception into it, which a C call
-# never sees; the thread held the GIL and the caller hung with it (over 120 s, issue 16). Run in a
+# never sees; the thread held the GIL and the caller hung with it (over 120 s, issue 16). The check now
+# runs in engines/grading.py's worker process. Run in a
 # fresh interpreter, so that a regression hangs that interpreter (killed after 120 s), not pytest.
 TOWER_FROM_A_THREAD = r"""
 import json, threading, verify
+from engines import grading
 stats, out = verify.VerifyStats(), {}
 
 def score():
     out["tower"] = verify.reward(r"\boxed{9^{9^{9^9}}}", "1", timeout_s=1.0, stats=stats)
-    out["live_workers"] = sum(w.alive() for w in verify._live_workers)  # the one that ran it was killed
+    out["live_workers"] = sum(w.alive() for w in grading._live_workers)  # the one that ran it was killed
     out["after"] = verify.reward(r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt2}{2}", stats=stats)  # a new worker
 
 caller = threading.Thread(target=score, daemon=True)
@@ -372,10 +376,10 @@ def test_worker_process_returns_values_and_exceptions():
     out = {}
 
     def calls():
-        out["sum"] = verify.run_with_timeout(operator.add, 5.0, 2, 3)
+        out["sum"] = grading.run_with_timeout(operator.add, 5.0, 2, 3)
         for key, fn, args in [("zero", operator.truediv, (1, 0)), ("lambda", lambda: 1, ())]:
             try:
-                verify.run_with_timeout(fn, 5.0, *args)
+                grading.run_with_timeout(fn, 5.0, *args)
             except Exception as e:  # noqa: BLE001
                 out[key] = type(e).__name__, str(e)
 
@@ -397,14 +401,14 @@ def test_timeout_guard_restores_signal_state():
     previous = signal.signal(signal.SIGALRM, sentinel)
     try:
         t0 = time.perf_counter()
-        with pytest.raises(verify._CheckTimeout):
-            verify.run_with_timeout(spin, 0.2)  # spin never returns: the alarm stopped it
+        with pytest.raises(grading._CheckTimeout):
+            grading.run_with_timeout(spin, 0.2)  # spin never returns: the alarm stopped it
         assert time.perf_counter() - t0 >= 0.2  # and not early (a lower bound: a busy machine only adds)
         assert signal.getsignal(signal.SIGALRM) is sentinel  # our handler is gone again
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no stray alarm left armed
-        assert verify.run_with_timeout(lambda: 6 * 7, 0.2) == 42
+        assert grading.run_with_timeout(lambda: 6 * 7, 0.2) == 42
         with pytest.raises(ZeroDivisionError):  # ordinary exceptions pass through; is_equivalent counts them
-            verify.run_with_timeout(lambda: 1 / 0, 0.2)
+            grading.run_with_timeout(lambda: 1 / 0, 0.2)
     finally:
         signal.signal(signal.SIGALRM, previous)
 
@@ -413,7 +417,7 @@ def test_timeout_guard_keeps_an_outer_timer():
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
     try:
         signal.setitimer(signal.ITIMER_REAL, 30.0)  # e.g. pytest-timeout's alarm
-        verify.run_with_timeout(lambda: None, 0.5)
+        grading.run_with_timeout(lambda: None, 0.5)
         left, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 25.0 < left <= 30.0
     finally:

@@ -249,10 +249,11 @@ def assert_gap_flat(gaps: list[float]) -> None:
 
 def test_train_py_use_vllm_30_steps_keeps_the_logp_gap_flat(engine, tmp_path, monkeypatch):
     import train
+    from harness import run as run_setup
 
     # Share the module's engine (same max_model_len: the toy preset's T = 8); train.py pushes its
     # own weights before its first rollout.
-    monkeypatch.setattr(train, "VLLMGenerator", lambda args, path: engine)
+    monkeypatch.setattr(run_setup, "VLLMGenerator", lambda args, path: engine)
     engine.sync_weights(None)
     stale_after = checking_pushes(engine, monkeypatch)
     train.main(["--model", "toy", "--use-vllm", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
@@ -302,8 +303,9 @@ def test_train_py_use_vllm_use_peft_30_steps_keeps_the_logp_gap_flat(engine, tmp
     """The same checks as without LoRA: every pushed W + s * B A is current in the engine after each
     push (exactly), and the log-prob gap stays at bf16 noise over 30 steps."""
     import train
+    from harness import run as run_setup
 
-    monkeypatch.setattr(train, "VLLMGenerator", lambda args, path: engine)
+    monkeypatch.setattr(run_setup, "VLLMGenerator", lambda args, path: engine)
     engine.sync_weights(None)
     stale_after = checking_pushes(engine, monkeypatch)
     train.main(["--model", "toy", "--use-vllm", "--use-peft", "--steps", "30", "--prompts-per-step", "8", "--num-generations", "4",
