@@ -50,21 +50,36 @@ def allocate_budgets(allocator: str, pass_rates, seen, total_budget, min_budget,
     check_feasible(M, total_budget, min_budget, max_budget)
     if allocator == "uniform" or not seen.any():
         return uniform_budgets(M, total_budget)
+    return ALLOCATE[allocator](p, seen, total_budget, int(min_budget), int(max_budget), alpha_t, beta_t, tau,
+                              solver, knapsack_stats)
 
-    lo, hi = int(min_budget), int(max_budget)
-    if allocator == "knapsack":
-        if knapsack_stats is None:
-            return knapsack.allocate_knapsack(p, seen, total_budget, lo, hi)
-        p_hat, rollouts = (np.asarray(x, dtype=float).ravel() for x in knapsack_stats)
-        if not p_hat.shape == rollouts.shape == p.shape:
-            raise ValueError(f"knapsack_stats must be two arrays of {M} entries (p_hat, rollouts), "
-                             f"got {p_hat.size} and {rollouts.size}")
-        return knapsack.allocate_knapsack(p_hat, rollouts >= knapsack.KNAPSACK_MIN_ROLLOUTS, total_budget, lo, hi)
-    if allocator == "coba-released":
-        return released.allocate_released(p, total_budget, lo, hi, alpha_t, beta_t, tau)
+
+# The rule of each --allocator once some prompt has been seen: (p, seen, B_total, B_low, B_up,
+# alpha_t, beta_t, tau, solver, knapsack_stats) -> B_i
+def _coba(p, seen, total_budget, lo, hi, alpha_t, beta_t, tau, solver, knapsack_stats) -> list[int]:
+    """The paper: eq. 9's value, Algorithm 1 in its fast exact form, or our threshold solver."""
     tau = coba.resolve_tau(tau, p)  # "adaptive" -> over all M prompts (a number passes through)
     if solver == "threshold":
         C, k = coba.capability_value_coeffs(p, alpha_t, beta_t, tau)
         return allocate_threshold(C, k, total_budget, lo, hi)
     value = lambda B: coba.capability_value(B, p, alpha_t, beta_t, tau)  # noqa: E731  eq. 9
-    return allocate_lazy(value, M, total_budget, lo, hi)  # Algorithm 1, in its fast exact form
+    return allocate_lazy(value, p.size, total_budget, lo, hi)  # Algorithm 1, in its fast exact form
+
+
+def _knapsack(p, seen, total_budget, lo, hi, alpha_t, beta_t, tau, solver, knapsack_stats) -> list[int]:
+    """Knapsack-RL's published allocator, on its own p estimate (valid from 8 recorded rollouts)."""
+    if knapsack_stats is None:
+        return knapsack.allocate_knapsack(p, seen, total_budget, lo, hi)
+    p_hat, rollouts = (np.asarray(x, dtype=float).ravel() for x in knapsack_stats)
+    if not p_hat.shape == rollouts.shape == p.shape:
+        raise ValueError(f"knapsack_stats must be two arrays of {p.size} entries (p_hat, rollouts), "
+                         f"got {p_hat.size} and {rollouts.size}")
+    return knapsack.allocate_knapsack(p_hat, rollouts >= knapsack.KNAPSACK_MIN_ROLLOUTS, total_budget, lo, hi)
+
+
+def _released(p, seen, total_budget, lo, hi, alpha_t, beta_t, tau, solver, knapsack_stats) -> list[int]:
+    """The released code's hybrid (tau "adaptive": over its heap's prompts only)."""
+    return released.allocate_released(p, total_budget, lo, hi, alpha_t, beta_t, tau)
+
+
+ALLOCATE = {"coba": _coba, "knapsack": _knapsack, "coba-released": _released}
