@@ -1,7 +1,6 @@
 """Tests of coba.py: the capability-oriented value function (paper §2.3, eqs. 4-9), its schedules
 and the pass-rate tracker (with the Knapsack-RL statistics it keeps); beside them Knapsack-RL's value
-(arms/knapsack.py) and the shared value interface (arms/values.py). Numbers in the asserts can be
-redone by hand.
+(arms/knapsack.py). Numbers in the asserts can be redone by hand.
 
 Run: cd /work/main && python -m pytest -q tests/test_coba.py   (~1 s, no model needed)
 """
@@ -12,7 +11,6 @@ import numpy as np
 import pytest
 
 import coba
-from arms import values
 from arms.knapsack import knapsack_value
 
 KAPPA = 11.0
@@ -216,7 +214,7 @@ def test_resolve_tau():
 
 
 # ----------------------------------------------------------------------------------------------
-# Knapsack-RL's value (arms/knapsack.py) and the shared interface (arms/values.py)
+# Knapsack-RL's value (arms/knapsack.py)
 # ----------------------------------------------------------------------------------------------
 def test_knapsack_value():
     N = np.arange(0, 33)[:, None]  # (33, 1)
@@ -230,16 +228,6 @@ def test_knapsack_value():
     # its marginal gain also shrinks in N (so the same heap is optimal for it)
     gain = np.diff(knapsack_value(np.arange(1, 65), 0.2))
     assert np.all(np.diff(gain) < 0)
-
-
-def test_value_function_interface():
-    a, b, tau = 4.5, 6.5, 6.0
-    assert values.value_function("coba", a, b, tau)(8, 0.3) == coba.capability_value(8, 0.3, a, b, tau)
-    assert values.value_function("knapsack")(8, 0.3) == knapsack_value(8, 0.3)
-    u = values.value_function("uniform")
-    assert u(3, np.array([0.1, 0.9])).tolist() == [0.875, 0.875]  # 1 - 2^-3, the same for every p
-    with pytest.raises(ValueError):
-        values.value_function("coba")  # needs alpha_t, beta_t, tau
 
 
 # ----------------------------------------------------------------------------------------------
