@@ -73,7 +73,7 @@ M = [
     ('seed-rank-same-seed', 'engines/dist.py',
      '        torch.manual_seed(seed * 1_000_003 + r)',
      '        torch.manual_seed(seed)', SEED),
-    ('seed-rank-call-dropped', 'train.py',
+    ('seed-rank-call-dropped', 'harness/run.py',
      '    dist.seed_rank(args.seed)  # ... and samples its own rollouts (rank 0 keeps --seed)\n',
      '', SEED),
     ('seed-rank-eval-dropped', 'harness/evaluate.py',
