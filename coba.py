@@ -20,7 +20,7 @@ Where the paper is silent or we chose otherwise (eq. 7's bounds, the clip of p, 
 the prior, the schedules' formulas, released_init, resuming): docs/method-sources.md §1, its table
 and its list "`coba.py` beyond the paper".
 
-Knapsack-RL's value is in arms/knapsack.py, its statistics (which the tracker keeps) in
+Knapsack-RL's value is in arms/knapsack.py, its statistics (recorded beside this tracker) in
 arms/knapsack_stats.py, the --probe in arms/probe.py.
 
 Tests: tests/test_coba.py
@@ -34,7 +34,6 @@ from typing import Iterable
 
 import numpy as np
 
-from arms.knapsack_stats import KnapsackStats
 
 P_CLIP = (0.01, 0.99)   # released code: keeps every prompt's value > 0 inside eq. 9
 PRIOR = 0.5             # released code: pass rate of a never-seen prompt
@@ -265,8 +264,6 @@ class CapabilityTracker:
     - each prompt (keyed by its dataset index) keeps (successes, totals) of its last `window`
       visits; p_i = sum successes / sum totals (eq. 1). Unseen prompts get `prior`.
     - `history`: F_t of every step (eq. 4); F_bar = mean of the last `window` of them.
-    - `knapsack`: Knapsack-RL's statistics (arms/knapsack_stats.py), fed every visit and saved
-      with the rest, for `--allocator knapsack`.
     Order in a training step: pass_rates() + alpha_beta() -> allocate -> rollouts -> update().
     """
     window: int = 1
@@ -277,7 +274,6 @@ class CapabilityTracker:
     released_init: bool = False  # (kappa - 2, 2) before the first update (released code)
     history: list = field(default_factory=list)   # F_t per step, oldest first
     visits: dict = field(default_factory=dict, repr=False)  # prompt id -> deque of (successes, totals)
-    knapsack: KnapsackStats = field(default_factory=KnapsackStats, repr=False)
 
     def __post_init__(self):
         self.window = validate_window(self.window)
@@ -289,7 +285,6 @@ class CapabilityTracker:
         if isinstance(self.schedule, str):
             self.schedule = parse_schedule(self.schedule)
         self.visits = {int(i): deque((tuple(v) for v in hist), maxlen=self.window) for i, hist in self.visits.items()}
-        self.knapsack = KnapsackStats(self.knapsack)
 
     # --- per-prompt pass rates (eq. 1) ---------------------------------------------------------
     def seen(self, prompt_ids: Iterable[int]) -> np.ndarray:
@@ -304,13 +299,9 @@ class CapabilityTracker:
             rates.append(sum(s for s, _ in hist) / sum(n for _, n in hist) if hist else self.prior)
         return np.array(rates, dtype=float)
 
-    def update(self, prompt_ids, successes, totals, rewards=None) -> float:
+    def update(self, prompt_ids, successes, totals) -> float:
         """Record one step: prompt i got successes[i] correct out of totals[i] rollouts (B_i).
-
-        rewards: optional, per prompt the 0/1 rewards of its rollouts in order (only Knapsack-RL's
-        p_hat uses their order; without them each rollout counts successes[i] / totals[i]).
-        Appends F_t = mean over prompts of the failed share (eq. 4) and returns it.
-        """
+        Appends F_t = mean over prompts of the failed share (eq. 4) and returns it."""
         ids = [int(i) for i in prompt_ids]
         s, n = np.asarray(successes, dtype=float), np.asarray(totals, dtype=float)  # (M,), (M,)
         if not (len(ids) == s.size == n.size and s.ndim == n.ndim == 1 and len(ids) > 0):
@@ -318,15 +309,9 @@ class CapabilityTracker:
                              f"got {len(ids)}, {s.size}, {n.size}")
         if not (np.all(np.isfinite(s)) and np.all(n >= 1) and np.all(s >= 0) and np.all(s <= n)):
             raise ValueError("update needs totals >= 1 and 0 <= successes <= totals for every prompt")
-        if rewards is not None:
-            rewards = [[float(r) for r in rs] for rs in rewards]
-            if len(rewards) != len(ids) or any(len(rs) != ni or sum(rs) != si
-                                               for rs, si, ni in zip(rewards, s.tolist(), n.tolist())):
-                raise ValueError("update's rewards must hold, per prompt, totals[i] rewards summing to successes[i]")
-        for k, (i, si, ni) in enumerate(zip(ids, s.tolist(), n.tolist())):
+        for i, si, ni in zip(ids, s.tolist(), n.tolist()):
             # a deque with maxlen drops the oldest visit once the window is full
             self.visits.setdefault(i, deque(maxlen=self.window)).append((si, ni))
-            self.knapsack.record(i, rewards[k] if rewards is not None else [si / ni] * int(ni))
         F_t = global_failure_rate(s / n)  # share of each prompt's rollouts that succeeded, then mean
         self.history.append(F_t)
         return F_t
@@ -355,8 +340,7 @@ class CapabilityTracker:
     def state_dict(self) -> dict:
         """JSON-serialisable: plain floats/lists; prompt ids become str keys (JSON objects need them)."""
         return {**self.config(), "history": [float(F) for F in self.history],
-                "visits": {str(i): [[float(s), float(n)] for s, n in hist] for i, hist in self.visits.items()},
-                "knapsack": self.knapsack.state_dict()}
+                "visits": {str(i): [[float(s), float(n)] for s, n in hist] for i, hist in self.visits.items()}}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Restore from state_dict(). strict: the saved settings must equal this tracker's (a resumed run
@@ -369,4 +353,3 @@ class CapabilityTracker:
         self.history = [float(F) for F in state["history"]]
         self.visits = {int(i): deque(((float(s), float(n)) for s, n in hist), maxlen=self.window)
                        for i, hist in state["visits"].items()}
-        self.knapsack = KnapsackStats.from_state(state.get("knapsack"), self.visits)

@@ -21,7 +21,7 @@ import numpy as np
 from allocate import allocate_dp, as_int, check_feasible, check_pass_rates, uniform_budgets
 from speedups.lazy_heap import allocate_lazy
 from speedups.threshold import fill_evenly
-from arms.knapsack_stats import KNAPSACK_BUFFER, KnapsackStats  # noqa: F401  (its p estimate, kept by coba's tracker)
+from arms.knapsack_stats import KNAPSACK_BUFFER, KnapsackStats  # noqa: F401  (its p estimate, recorded beside coba's tracker)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import coba
+from arms.knapsack_stats import WithKnapsackStats
 from engines import dist, lora, tracking
 from engines.checkpoint import (changed_flags, check_identity, remove_run, resume_every_rank, run_config,
                                 saved_config)
@@ -38,7 +39,7 @@ class Run:
     ref_model: torch.nn.Module | lora.WithoutAdapter | None  # frozen initial policy for the KL term (--beta > 0)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    tracker: coba.CapabilityTracker
+    tracker: WithKnapsackStats  # coba.CapabilityTracker, with Knapsack-RL's statistics beside it
     sampler: PromptSampler
     generator: VLLMGenerator | None  # --use-vllm; None: HF generate
     train_set: list[dict]
@@ -96,9 +97,10 @@ def setup(args, out: Path, resume_from: Path | None) -> tuple[Run, int]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / args.warmup_lr_steps) if args.warmup_lr_steps else 1.0)
     # released_init: the released code's (kappa - 2, 2) before the first update (coba-released only)
-    tracker = coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
-                                     kappa=args.kappa, schedule=args.schedule_obj,
-                                     released_init=args.allocator == "coba-released")
+    # eq. 1's p_i and eq. 4's F_t, with Knapsack-RL's own p estimate recorded beside them
+    tracker = WithKnapsackStats(coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
+                                                       kappa=args.kappa, schedule=args.schedule_obj,
+                                                       released_init=args.allocator == "coba-released"))
     run = Run(args, out, model, tokenizer, ref_model, optimizer, scheduler, tracker,
               make_sampler(args, len(train_set)), VLLMGenerator(args, model_path) if args.use_vllm else None,
               train_set, eval_sets, device, amp, counters={"rollouts": 0, "seconds": 0.0})

@@ -94,6 +94,7 @@ from IPython.display import Image, Markdown, clear_output, display
 
 import allocate
 from arms import allocators
+from arms.knapsack_stats import WithKnapsackStats
 import coba
 import grpo
 from harness import models
@@ -286,7 +287,7 @@ t0 = time.time()
 completions = rollout.decode(tokenizer, rollout.generate_groups(model, tokenizer, batch_ids, [G] * M, **GEN))
 rewards = np.array(verify.rewards(completions, [p["answer"] for p in batch for _ in range(G)]))  # (M*G,)
 successes = rewards.reshape(M, G).sum(1)  # (M,): uniform groups only, so (M, G) is fine here
-tracker = coba.CapabilityTracker()  # window 1, prior 0.5, gamma 10, kappa 11: train.py's defaults
+tracker = WithKnapsackStats(coba.CapabilityTracker())  # train.py's defaults; Knapsack-RL's statistics beside it
 F_t = tracker.update(batch_idx, successes.tolist(), [G] * M)  # eq. 4, recorded for the next allocation
 p = tracker.pass_rates(batch_idx)  # (M,) eq. 1
 alpha_t, beta_t = tracker.alpha_beta()  # eqs. 6-7 on F_bar

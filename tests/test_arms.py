@@ -24,6 +24,7 @@ import pytest
 
 from engines import checkpoint
 import coba
+from arms.knapsack_stats import WithKnapsackStats
 import train
 from harness import run as run_setup
 from test_step import BASE, FixedRollouts, is_correct
@@ -75,7 +76,7 @@ def run_arm(tmp_path, monkeypatch, extra: list[str]) -> dict:
 
     rec = {"allocate": [], "update": []}
     real_load_data, real_alloc = run_setup.load_data, train.allocators.allocate_budgets
-    real_update = coba.CapabilityTracker.update
+    real_update = WithKnapsackStats.update
 
     def load_data(args, *a, **kw):
         train_set, evals = real_load_data(args, *a, **kw)
@@ -98,7 +99,7 @@ def run_arm(tmp_path, monkeypatch, extra: list[str]) -> dict:
 
     monkeypatch.setattr(run_setup, "load_data", load_data)
     monkeypatch.setattr(train.allocators, "allocate_budgets", allocate_budgets)
-    monkeypatch.setattr(coba.CapabilityTracker, "update", update)
+    monkeypatch.setattr(WithKnapsackStats, "update", update)
     flags = BASE + ["--num-mini-batches", "1"] + extra + ["--output-dir", str(tmp_path)]
     ap = train.build_parser()
     rec["args"] = train.resolve_args(ap.parse_args(flags), ap)

@@ -12,6 +12,7 @@ import pytest
 
 import coba
 from arms.knapsack import knapsack_value
+from arms.knapsack_stats import WithKnapsackStats
 
 KAPPA = 11.0
 P = np.linspace(0.0, 1.0, 200_001)  # quadrature / argmax grid on [0, 1], step 5e-6
@@ -304,11 +305,16 @@ def test_tracker_state_dict_round_trip_through_json():
     assert other.kappa == 7.0 and other.history == tr.history
 
 
+def with_stats(**kw) -> WithKnapsackStats:
+    """The run's tracker: coba's, with Knapsack-RL's statistics recorded beside it."""
+    return WithKnapsackStats(coba.CapabilityTracker(**kw))
+
+
 def test_tracker_knapsack_stats_follow_knapsack_rl():
     # liziniu/KnapsackRL rl_dataset.py update_sample_state: p_hat = the visit's mean if it had >= 16
     # rollouts, else the mean of the last 16 rewards over visits; count = rollouts ever recorded
     # (valid for the allocator from 8). Unseen: (0.0, 0).
-    tr = coba.CapabilityTracker(window=1)
+    tr = with_stats(window=1)
     first = [1, 1, 1, 1] + [0] * 12                   # 16 rollouts, 4 correct: p_hat = 4/16
     tr.update([9], [4], [16], rewards=[first])
     assert [x.tolist() for x in tr.knapsack.stats([9, 5])] == [[0.25, 0.0], [16, 0]]
@@ -317,7 +323,7 @@ def test_tracker_knapsack_stats_follow_knapsack_rl():
     assert tr.pass_rates([9])[0] == 1.0               # CoBA's own p_i keeps its window (1 visit)
     # without the order of the rewards, each rollout of a visit counts s/n (ours):
     # the last 16 = 8 of the first visit at .25 + 8 ones -> (2 + 8) / 16 = .625
-    tr2 = coba.CapabilityTracker(window=1)
+    tr2 = with_stats(window=1)
     tr2.update([9], [4], [16])
     tr2.update([9], [8], [8])
     assert tr2.knapsack.stats([9])[0].tolist() == [0.625]
@@ -337,11 +343,11 @@ def test_tracker_released_init_before_the_first_update():
 
 
 def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
-    tr = coba.CapabilityTracker(window=2, released_init=True)
+    tr = with_stats(window=2, released_init=True)
     tr.update([1, 2], [3, 0], [4, 16], rewards=[[1, 0, 1, 1], [0] * 16])
     tr.update([1], [2], [8])
     state = json.loads(json.dumps(tr.state_dict()))
-    tr2 = coba.CapabilityTracker(window=2, released_init=True)
+    tr2 = with_stats(window=2, released_init=True)
     tr2.load_state_dict(state)
     assert [x.tolist() for x in tr2.knapsack.stats([1, 2])] == [x.tolist() for x in tr.knapsack.stats([1, 2])]
     with pytest.raises(ValueError, match="released_init"):
@@ -350,7 +356,7 @@ def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
     # the statistics are rebuilt from the visits kept: prompt 1's two visits, 3/4 then 2/8, each
     # rollout at its visit's mean -> 12 rollouts, last 16 = all: (3 + 2) / 12
     old = {k: v for k, v in state.items() if k not in ("released_init", "knapsack")}
-    tr3 = coba.CapabilityTracker(window=2)
+    tr3 = with_stats(window=2)
     tr3.load_state_dict(old)
     p_hat, n = tr3.knapsack.stats([1, 2])
     assert n.tolist() == [12, 16] and p_hat.tolist() == pytest.approx([5 / 12, 0.0], abs=1e-15)
@@ -366,16 +372,16 @@ def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
     (lambda: coba.parse_schedule("fixed:0,11"), "fixed:A,B"),
     (lambda: coba.parse_schedule("fixed:1,2,3"), "fixed:A,B"),
     (lambda: coba.validate_kappa(2), "> 2"),
-    (lambda: coba.CapabilityTracker(kappa=2.0), "> 2"),
+    (lambda: with_stats(kappa=2.0), "> 2"),
     (lambda: coba.validate_window(0), ">= 1"),
-    (lambda: coba.CapabilityTracker(window=0), ">= 1"),
+    (lambda: with_stats(window=0), ">= 1"),
     (lambda: coba.resolve_tau(0, [0.5]), "adaptive"),
     (lambda: coba.resolve_tau(-1, [0.5]), "adaptive"),
     (lambda: coba.resolve_tau("abc", [0.5]), "adaptive"),
     (lambda: coba.resolve_tau("nan", [0.5]), "adaptive"),
-    (lambda: coba.CapabilityTracker(prior=1.5), "[0, 1]"),
-    (lambda: coba.CapabilityTracker().update([1, 2], [1], [2, 2]), "equal length"),
-    (lambda: coba.CapabilityTracker().update([1], [3], [2]), "successes <= totals"),
+    (lambda: with_stats(prior=1.5), "[0, 1]"),
+    (lambda: with_stats().update([1, 2], [1], [2, 2]), "equal length"),
+    (lambda: with_stats().update([1], [3], [2]), "successes <= totals"),
     (lambda: coba.saturation(1, 0.5, 0.0), "tau"),
 ])
 def test_bad_input_is_one_line_value_error(call, names):
@@ -414,10 +420,10 @@ def test_load_state_dict_compares_the_schedule():
 
 
 def test_knapsack_statistics_survive_a_checkpoint():
-    t = coba.CapabilityTracker()
+    t = with_stats()
     t.update([3, 7], [1.0, 0.0], [4.0, 2.0], rewards=[[0, 1, 0, 0], [0, 0]])
     t.update([3], [2.0], [2.0], rewards=[[1, 1]])
-    back = coba.CapabilityTracker()
+    back = with_stats()
     back.load_state_dict(json.loads(json.dumps(t.state_dict())))
     for got, want in zip(back.knapsack.stats([3, 7, 9]), t.knapsack.stats([3, 7, 9])):
         # exact: the same statistics before and after a JSON round trip

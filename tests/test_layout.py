@@ -78,6 +78,8 @@ def test_no_file_imports_one_above_it():
         assert graph[pure] == set(), pure
     assert graph["grpo"] == set(), "grpo.py is the paper alone: the update at scale imports it, not the reverse"
     assert graph["allocate"] == set(), "allocate.py is the paper alone: the arms and speed-ups import it, not the reverse"
+    assert graph["coba"] == set(), "coba.py is the paper alone: Knapsack-RL's statistics are recorded beside its tracker"
+    assert graph["verify"] == {"grading"}, "verify.py's one engine is its timeout pool (engines/grading.py)"
     for low in ("coba", "allocate", "grpo", "verify", "toy", "data", "models", "checkpoint", "dist", "lora",
                 "update", "sampler_correction", "shared_prompt",
                 "allocators", "knapsack", "released", "lazy_heap", "threshold",

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 from arms import allocators
+from arms.knapsack_stats import WithKnapsackStats
 from arms.probe import probe_knapsack_stats
 import coba
 import grpo
@@ -101,7 +102,7 @@ class FixedRollouts:
 # ----------------------------------------------------------------------------------------------
 # What a correct step does (docs/method-sources.md §3): the single source of truth for the checks below
 # ----------------------------------------------------------------------------------------------
-def correct_step(tracker: coba.CapabilityTracker, prompt_idx: list[int], step: int, args,
+def correct_step(tracker: WithKnapsackStats, prompt_idx: list[int], step: int, args,
                  rollouts: FixedRollouts, records: list[dict]) -> dict:
     """Run step `step` (0-based) of CoBA-RL on the known rollouts with coba/allocate/grpo only,
     updating `tracker` in place. Returns what train.py must have allocated, observed and fed on."""
@@ -156,7 +157,7 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
     from toy import build_tokenizer
 
     real_load_data, real_alloc = run_setup.load_data, train.allocators.allocate_budgets
-    real_update, real_adv = coba.CapabilityTracker.update, train.grpo.group_advantages
+    real_update, real_adv = WithKnapsackStats.update, train.grpo.group_advantages
     real_policy_update, real_make_opt = train.policy_update, run_setup.make_optimizer
     real_logps = train.grpo.per_token_logps
 
@@ -213,7 +214,7 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
 
     monkeypatch.setattr(run_setup, "load_data", load_data)
     monkeypatch.setattr(train.allocators, "allocate_budgets", allocate_budgets)
-    monkeypatch.setattr(coba.CapabilityTracker, "update", tracker_update)
+    monkeypatch.setattr(WithKnapsackStats, "update", tracker_update)
     monkeypatch.setattr(train.grpo, "group_advantages", group_advantages)
     monkeypatch.setattr(train.grpo, "per_token_logps", spy(real_logps))
     monkeypatch.setattr(shared_prompt, "per_token_logps_shared_prompt", spy(shared_prompt.per_token_logps_shared_prompt))
@@ -232,9 +233,9 @@ def run_recorded(tmp_path, monkeypatch, extra: list[str]) -> dict:
 def expected_steps(rec: dict) -> list[dict]:
     """correct_step for each logged step, on the prompts the sampler drew."""
     args = rec["args"]
-    tracker = coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
-                                     kappa=args.kappa, schedule=args.schedule_obj,
-                                     released_init=args.allocator == "coba-released")
+    tracker = WithKnapsackStats(coba.CapabilityTracker(window=args.failure_window, prior=args.prior, gamma=args.gamma,
+                                                       kappa=args.kappa, schedule=args.schedule_obj,
+                                                       released_init=args.allocator == "coba-released"))
     return [correct_step(tracker, r["prompt_idx"], r["step"] - 1, args, rec["rollouts"], rec["records"])
             for r in rec["steps"]]
 
