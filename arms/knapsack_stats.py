@@ -83,6 +83,8 @@ class WithKnapsackStats:
         self.knapsack = KnapsackStats() if knapsack is None else knapsack
 
     def __getattr__(self, name):  # pass_rates, seen, alpha_beta, f_bar, history, visits, ...: the tracker's
+        if name == "tracker":  # asked before __init__ set it (copy, pickle): there is none yet
+            raise AttributeError(name)
         return getattr(self.tracker, name)
 
     def update(self, prompt_ids, successes, totals, rewards=None) -> float:

@@ -49,6 +49,8 @@ class _Arm:
         self.paper = paper
 
     def __getattr__(self, name):
+        if name == "paper":  # asked before __init__ set it (copy, pickle): there is none yet
+            raise AttributeError(name)
         return getattr(self.paper, name)
 
 

@@ -430,3 +430,15 @@ def test_knapsack_statistics_survive_a_checkpoint():
         np.testing.assert_array_equal(got, want)
     p_hat, counts = back.knapsack.stats([3, 7])
     assert counts.tolist() == [6, 2] and p_hat[0] == pytest.approx(3 / 6)  # last 16 rewards: 0,1,0,0,1,1
+
+
+def test_the_runs_tracker_copies_and_pickles_with_its_statistics():
+    """WithKnapsackStats passes every other name to the tracker it wraps; a copy or an unpickled one
+    (torchrun's broadcasts pickle) must not ask its tracker before it has one."""
+    import copy
+    import pickle
+
+    t = with_stats(window=2)
+    t.update([3, 7], [1.0, 0.0], [4.0, 2.0], rewards=[[0, 1, 0, 0], [0, 0]])
+    for back in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
+        assert back.state_dict() == t.state_dict() and back.pass_rates([3, 7]).tolist() == [0.25, 0.0]
