@@ -92,6 +92,11 @@ def test_bad_input_is_a_one_line_error(tmp_path, capsys):
         train.main(["--total-budget", "10", "--prompts-per-step", "8", "--min-budget", "2"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "total" in err.lower() and "budget" in err.lower()
+    # allocate.py says it in eq. 3's terms; the command line puts the flag that sets B_total in front
+    assert err.endswith("--total-budget: B_total = 10 < M x B_low = 8 x 2 = 16: eq. 3 is infeasible"), err
+    with pytest.raises(SystemExit):
+        train.main(["--kappa", "2"])
+    assert "--kappa: kappa = alpha_t + beta_t (eq. 7)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--schedule", "fixed:1"])
     assert "fixed" in capsys.readouterr().err
