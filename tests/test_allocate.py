@@ -99,7 +99,7 @@ def test_heap_small_example_by_hand():
     # gains: prompt 0: 5, 1, 1; prompt 1: 3, 2, 0. B_low = 0, 3 units: take 5 (p0), 3 (p1), 2 (p1)
     table = np.array([[0, 5, 6, 7], [0, 3, 5, 5]], dtype=float)
     assert A.allocate(table, 2, 3, 0, 3) == [1, 2]  # value 5 + 5 = 10
-    assert A.total_value(table, A.allocate_dp(table, 2, 3, 0, 3)) == 10.0
+    assert A.total_value(table, A.allocate_dp(table, 2, 3, 0, 3)) == 10.0  # exact: integer-valued gains: a sum of integers
 
 
 def test_value_function_and_table_give_the_same_allocation():

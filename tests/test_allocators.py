@@ -115,7 +115,7 @@ def test_knapsack_objective_counts_only_units_above_the_minimum():
         b = knapsack._knapsack_units(p, units, lo, hi)
         assert_feasible(b, M, M * lo + units, lo, hi)
         best = total_value(f, allocate_dp(f, M, M * lo + units, lo, hi))
-        assert total_value(f, b) == pytest.approx(best, abs=1e-12), case
+        assert total_value(f, b) == pytest.approx(best, abs=1e-9), case  # two solvers' values summed in different orders: rounding only
 
 
 def test_knapsack_where_the_official_code_breaks_we_keep_the_constraints():

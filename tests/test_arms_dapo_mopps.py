@@ -132,12 +132,12 @@ def test_dapo_wiring_in_train(tmp_path, toy_model_dir, monkeypatch, max_blocks, 
         # every group generated is a visit of the tracker, kept or dropped, in generation order
         up = next(visits)
         assert up["ids"] == [j for b in blocks for j in b] and up["totals"] == [G] * (K * len(blocks))
-        assert up["successes"] == [float(sum(is_correct(j, k) for k in range(G))) for b in blocks for j in b]
+        assert up["successes"] == [float(sum(is_correct(j, k) for k in range(G))) for b in blocks for j in b]  # exact: counts of 0/1 rewards: integer-valued
         # the spent rollouts' zero-signal groups: j % 4 in (0, 1); reward and group counts over every
         # generated group, the dropped ones included; the batch's kept groups and the surplus dropped
         generated = [j for b in blocks for j in b]
         assert r["zero_signal_groups"] == sum(j % 4 in (0, 1) for j in generated)
-        assert r["step_groups"] == len(generated) and r["frac_reward_zero_std"] == r["zero_signal_groups"] / len(generated)
+        assert r["step_groups"] == len(generated) and r["frac_reward_zero_std"] == r["zero_signal_groups"] / len(generated)  # exact: int / int on both sides: one correctly rounded division
         assert r["reward"] == pytest.approx(np.mean([is_correct(j, k) for j in generated for k in range(G)]))
         assert (r["dapo_kept_groups"], r["dapo_surplus_groups"]) == (len(kept), surplus)
     assert next(gen, None) is None and spent == R
@@ -176,11 +176,11 @@ def test_dapo_finished_run_is_recognised_on_resume(tmp_path, toy_model_dir, monk
 # ----------------------------------------------------------------------------------------------
 def test_mopps_posterior_update_by_hand():
     # Beta(1, 1), 3 of 4 right, lambda = 1: (1 + 3, 1 + 1) = (4, 2)
-    assert data.mopps_update(1.0, 1.0, 3, 4) == (4.0, 2.0)
+    assert data.mopps_update(1.0, 1.0, 3, 4) == (4.0, 2.0)  # exact: dyadic arithmetic: no rounding
     # then 1 of 4 right with lambda = 0.5: alpha = 0.5*4 + 0.5*1 + 1 = 3.5, beta = 0.5*2 + 0.5*1 + 3 = 4.5
-    assert data.mopps_update(4.0, 2.0, 1, 4, decay=0.5) == (3.5, 4.5)
+    assert data.mopps_update(4.0, 2.0, 1, 4, decay=0.5) == (3.5, 4.5)  # exact: dyadic arithmetic: no rounding
     # lambda = 0 forgets everything but the last visit: Beta(1 + s, 1 + n - s)
-    assert data.mopps_update(40.0, 7.0, 2, 8, decay=0.0) == (3.0, 7.0)
+    assert data.mopps_update(40.0, 7.0, 2, 8, decay=0.0) == (3.0, 7.0)  # exact: dyadic arithmetic: no rounding
 
 
 def test_mopps_selection_by_hand():
@@ -207,14 +207,14 @@ def test_mopps_sampler_draws_from_the_posterior_and_keeps_the_nearest(monkeypatc
     order = data.PromptSampler(8, seed=3)
     cands = order.next(4)  # ratio x M = 4 candidates: the seed's epoch order
     assert s.next(2) == [cands[1], cands[3]]  # theta .45 and .55: nearest 0.5 (tie: earlier first)
-    assert asked[0] == ([1.0] * 4, [1.0] * 4)  # unseen prompts: Beta(1, 1)
-    assert s.last_draws == [0.45, 0.55]
+    assert asked[0] == ([1.0] * 4, [1.0] * 4)  # exact: the Beta(1, 1) prior, written; unseen prompts: Beta(1, 1)
+    assert s.last_draws == [0.45, 0.55]  # exact: the fake's draws, copied
     s.record([cands[1], cands[3]], [3, 0], [4, 4])  # -> Beta(4, 2) and Beta(1, 5)
     cands2 = order.next(4)
     s.posterior[cands2[0]] = (2.0, 9.0)  # as if seen before
     assert s.next(2) == [cands2[1], cands2[2]]
-    assert asked[1] == ([2.0, 1.0, 1.0, 1.0], [9.0, 1.0, 1.0, 1.0])
-    assert s.posterior[cands[1]] == (4.0, 2.0) and s.posterior[cands[3]] == (1.0, 5.0)
+    assert asked[1] == ([2.0, 1.0, 1.0, 1.0], [9.0, 1.0, 1.0, 1.0])  # exact: priors and integer counts, written
+    assert s.posterior[cands[1]] == (4.0, 2.0) and s.posterior[cands[3]] == (1.0, 5.0)  # exact: integer counts added to a Beta(1, 1)
     assert seeds == [[3, 0], [3, 1]] and s.draws == 2  # each step's draw from its own seed: (--seed, draw number)
     # a checkpoint round trip keeps the order, the draw count and the posteriors
     t = data.MoPPSSampler(8, seed=3, ratio=2)

@@ -182,7 +182,7 @@ def broken(tmp_path_factory):
 def test_broken_submission_costs_only_its_own_parts(broken):
     rows = {r["part"]: r for r in A.grade(broken, parts={1, 3, 4}, timeout={4: 15.0}, quiet=True)}  # 15 s: pytest must get as far as a test on a loaded machine
     assert 0 < rows[1]["passed"] < rows[1]["run"] and 0 < rows[1]["score"] < 10  # partial credit
-    assert rows[1]["score"] == round(10 * rows[1]["passed"] / rows[1]["run"], 2)
+    assert rows[1]["score"] == round(10 * rows[1]["passed"] / rows[1]["run"], 2)  # exact: int / int then round(., 2), the grader's own ops
     assert rows[3]["score"] == 0 and "pytest stopped without a report (exit code 3)" in rows[3]["report"]
     assert rows[4]["score"] == 0 and rows[4]["timed_out"]
     assert "timed out after 15 s" in rows[4]["report"] and "tests/test_allocate.py::" in rows[4]["report"]

@@ -32,7 +32,7 @@ def sigmoid(x):
 # ----------------------------------------------------------------------------------------------
 def test_global_failure_rate_is_one_minus_mean_pass_rate():
     # eq. 4: S = (0.2 + 0.6 + 1.0) / 3 = 0.6, F = 0.4
-    assert coba.global_failure_rate([0.2, 0.6, 1.0]) == pytest.approx(0.4, abs=1e-12)
+    assert coba.global_failure_rate([0.2, 0.6, 1.0]) == pytest.approx(0.4, abs=1e-9)  # a float64 mean of decimals vs the hand value: rounding only
 
 
 def test_transform_failure_rate_paper_examples():
@@ -41,8 +41,8 @@ def test_transform_failure_rate_paper_examples():
     # sigmoid(-3) = 1 / (1 + e^3) = 0.0474
     assert coba.transform_failure_rate(0.2) == pytest.approx(0.047, abs=5e-4)
     # high branch is the identity, right from above 0.5 (a sigmoid would give sigmoid(0.5) = 0.622 at 0.55)
-    assert coba.transform_failure_rate(0.8) == 0.8
-    assert coba.transform_failure_rate(0.55) == 0.55
+    assert coba.transform_failure_rate(0.8) == 0.8  # exact: the identity branch returns its input
+    assert coba.transform_failure_rate(0.55) == 0.55  # exact: the identity branch returns its input
     # vectorised, and gamma is used: gamma = 5 at 0.3 -> sigmoid(-1) = 0.2689
     np.testing.assert_allclose(coba.transform_failure_rate(np.array([0.3, 0.8]), gamma=5.0),
                                [sigmoid(-1.0), 0.8], rtol=1e-12)
@@ -51,33 +51,33 @@ def test_transform_failure_rate_paper_examples():
 def test_transform_failure_rate_continuous_at_half():
     # sigmoid(0) = 0.5 = the identity branch at 0.5: no jump where the branches meet
     eps = 1e-9
-    assert coba.transform_failure_rate(0.5) == 0.5
+    assert coba.transform_failure_rate(0.5) == 0.5  # exact: sigmoid(0) = 1 / (1 + e^0) = 0.5, no rounding
     assert coba.transform_failure_rate(0.5 - eps) == pytest.approx(0.5, abs=1e-8)
     assert coba.transform_failure_rate(0.5 + eps) == pytest.approx(0.5, abs=1e-8)
 
 
 def test_beta_params_released_defaults():
     # alpha = clip(1 + 9 F_tilde, 1, 10), beta = 11 - alpha
-    assert coba.beta_params(0.0) == (1.0, 10.0)
-    assert coba.beta_params(1.0) == (10.0, 1.0)
-    assert coba.beta_params(0.5) == (5.5, 5.5)
+    assert coba.beta_params(0.0) == (1.0, 10.0)  # exact: dyadic: 1 + 9 F with no rounding
+    assert coba.beta_params(1.0) == (10.0, 1.0)  # exact: dyadic: 1 + 9 F with no rounding
+    assert coba.beta_params(0.5) == (5.5, 5.5)  # exact: dyadic: 1 + 9 F with no rounding
     # explicit parameters override the released defaults: clip(2 + 20 * 0.5, 2, 8) = 8
-    assert coba.beta_params(0.5, kappa=11.0, alpha_min=2.0, alpha_max=8.0, lam=20.0) == (8.0, 3.0)
+    assert coba.beta_params(0.5, kappa=11.0, alpha_min=2.0, alpha_max=8.0, lam=20.0) == (8.0, 3.0)  # exact: dyadic: clip(2 + 20 x 0.5) with no rounding
 
 
 @pytest.mark.parametrize("alpha, beta", [(7.26, 3.74), (4.50, 6.50), (2.54, 8.46)])
 def test_figure4_pairs_come_from_eq7(alpha, beta):
     # Figure 4's labels sum to kappa = 11 and invert eq. 7 to an F_tilde in [0, 1]:
     # F_tilde = (alpha - 1) / 9 -> 0.696, 0.389, 0.171
-    assert alpha + beta == pytest.approx(KAPPA, abs=1e-12)
+    assert alpha + beta == pytest.approx(KAPPA, abs=1e-9)  # decimal literals' float64 rounding
     F_tilde = (alpha - 1.0) / (KAPPA - 2.0)
     assert 0.0 <= F_tilde <= 1.0
     a, b = coba.beta_params(F_tilde, KAPPA)
-    assert (a, b) == pytest.approx((alpha, beta), abs=1e-12)
+    assert (a, b) == pytest.approx((alpha, beta), abs=1e-9)  # (alpha - 1) / 9 and back: float64 rounding
     # and some F_bar in [0, 1] reaches that F_tilde through eq. 6 (invert the branch it lies on)
     F_bar = F_tilde if F_tilde > 0.5 else 0.5 + math.log(F_tilde / (1 - F_tilde)) / 10.0
     assert 0.0 <= F_bar <= 1.0
-    assert coba.transform_failure_rate(F_bar) == pytest.approx(F_tilde, abs=1e-12)
+    assert coba.transform_failure_rate(F_bar) == pytest.approx(F_tilde, abs=1e-9)  # a log and an exp round trip: libm rounding
 
 
 # ----------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_parse_schedule_accepted_forms():
     assert coba.parse_schedule("explore2exploit").kind == "explore2exploit"
     assert coba.parse_schedule("linear-decay").kind == "linear-decay"
     s = coba.parse_schedule("fixed:10.5,1.5")
-    assert (s.kind, s.alpha, s.beta) == ("fixed", 10.5, 1.5)
+    assert (s.kind, s.alpha, s.beta) == ("fixed", 10.5, 1.5)  # exact: parsed from the text: copies
     assert coba.parse_schedule(str(s)) == s  # the text round-trips (used by state_dict)
 
 
@@ -99,21 +99,21 @@ def test_schedule_params_each_kind():
     # explore2exploit (our reading): alpha = 1 + 9 * (1 - 0.8) = 2.8
     assert coba.schedule_params(coba.Schedule("explore2exploit"), F_tilde, KAPPA) == pytest.approx((2.8, 8.2))
     # fixed: as given, kappa ignored (Table 3: 10.5 + 1.5 = 12, not 11)
-    assert coba.schedule_params(coba.parse_schedule("fixed:1.5,10.5"), F_tilde, KAPPA) == (1.5, 10.5)
+    assert coba.schedule_params(coba.parse_schedule("fixed:1.5,10.5"), F_tilde, KAPPA) == (1.5, 10.5)  # exact: fixed: the pair given, copied
 
 
 def test_linear_decay_steps_10_to_1_at_kappa_11():
     sched = coba.parse_schedule("linear-decay")
     # 10 equal stages of the run: stage = floor(10 * progress), alpha = 10 - stage
     alphas = [coba.schedule_params(sched, 0.3, KAPPA, progress=k / 100)[0] for k in range(101)]
-    assert alphas[0] == 10.0 and alphas[9] == 10.0 and alphas[10] == 9.0
-    assert alphas[95] == 1.0 and alphas[100] == 1.0
-    assert sorted(set(alphas)) == [float(a) for a in range(1, 11)]
+    assert alphas[0] == 10.0 and alphas[9] == 10.0 and alphas[10] == 9.0  # exact: integer-valued: 10 - stage
+    assert alphas[95] == 1.0 and alphas[100] == 1.0  # exact: integer-valued: 10 - stage
+    assert sorted(set(alphas)) == [float(a) for a in range(1, 11)]  # exact: integer-valued: 10 - stage
     assert all(a >= b for a, b in zip(alphas, alphas[1:]))  # never goes back up
     # blind to F_tilde, and beta = kappa - alpha: progress 0.55 -> stage 5 -> alpha 5, beta 6
-    assert coba.schedule_params(sched, 0.9, KAPPA, progress=0.55) == (5.0, 6.0)
+    assert coba.schedule_params(sched, 0.9, KAPPA, progress=0.55) == (5.0, 6.0)  # exact: integer-valued: 10 - 9 x 5 / 9
     # other kappa: from kappa - 1 = 6 down to 1 in 9 equal steps of 5/9
-    assert coba.schedule_params(sched, 0.3, 7.0, progress=0.0) == (6.0, 1.0)
+    assert coba.schedule_params(sched, 0.3, 7.0, progress=0.0) == (6.0, 1.0)  # exact: integer-valued: kappa - 1 at stage 0
     assert coba.schedule_params(sched, 0.3, 7.0, progress=0.99) == pytest.approx((1.0, 6.0))
 
 
@@ -156,7 +156,7 @@ def test_saturation_by_hand_and_shape():
     assert coba.saturation(4, 0.5, 1.0) == pytest.approx(1 - math.exp(-1), rel=1e-12)
     B = np.arange(0, 65)
     eta = coba.saturation(B, 0.3, 6.0)  # (65,)
-    assert eta[0] == 0.0
+    assert eta[0] == 0.0  # exact: B = 0: -expm1(-0) = 0, no rounding
     assert np.all(np.diff(eta) > 0)         # increasing in B
     assert np.all(np.diff(eta, 2) < 0)      # concave in B
     # broadcasting: budgets (3, 1) x pass rates (4,) -> (3, 4)
@@ -202,16 +202,16 @@ def test_value_peaks_at_easier_prompts_when_failure_rate_is_high():
 
 
 def test_adaptive_tau():
-    assert coba.adaptive_tau([0.4, 0.4, 0.4]) == 3.0            # Var = 0
-    assert coba.adaptive_tau([0.0, 1.0, 0.0, 1.0]) == 12.0      # clip -> 0.01/0.99, Var = 0.49^2 > 0.1667
+    assert coba.adaptive_tau([0.4, 0.4, 0.4]) == 3.0            # exact: Var ~1e-33 vanishes against 3 in float64; Var = 0
+    assert coba.adaptive_tau([0.0, 1.0, 0.0, 1.0]) == 12.0      # exact: clipped at 1: 3 + 9 x 1; clip -> 0.01/0.99, Var = 0.49^2 > 0.1667
     # p = (0.3, 0.7): Var = 0.04 -> 3 + 9 * 0.04 / 0.1667 = 5.1596
     assert coba.adaptive_tau([0.3, 0.7]) == pytest.approx(3 + 9 * 0.04 / 0.1667, rel=1e-12)
 
 
 def test_resolve_tau():
     assert coba.resolve_tau("adaptive", [0.3, 0.7]) == pytest.approx(coba.adaptive_tau([0.3, 0.7]))
-    assert coba.resolve_tau("6.0", [0.3, 0.7]) == 6.0
-    assert coba.resolve_tau(2.5, [0.3]) == 2.5
+    assert coba.resolve_tau("6.0", [0.3, 0.7]) == 6.0  # exact: parsed or passed through: copies
+    assert coba.resolve_tau(2.5, [0.3]) == 2.5  # exact: parsed or passed through: copies
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,20 +236,20 @@ def test_knapsack_value():
 # ----------------------------------------------------------------------------------------------
 def test_tracker_unseen_prompts_get_prior():
     tr = coba.CapabilityTracker(prior=0.5)
-    assert tr.pass_rates([3, 7]).tolist() == [0.5, 0.5]
+    assert tr.pass_rates([3, 7]).tolist() == [0.5, 0.5]  # exact: the prior, copied
     assert tr.seen([3, 7]).tolist() == [False, False]
-    assert tr.f_bar == 0.5  # no F_t yet: 1 - prior
-    assert tr.alpha_beta() == (5.5, 5.5)  # F_tilde = 0.5 -> alpha = 1 + 9 * 0.5
+    assert tr.f_bar == 0.5  # exact: 1 - 0.5, no rounding; no F_t yet: 1 - prior
+    assert tr.alpha_beta() == (5.5, 5.5)  # exact: dyadic, no rounding; F_tilde = 0.5 -> alpha = 1 + 9 * 0.5
     # another prior: unseen prompts get it, and F_bar = 1 - 0.3 = 0.7 (identity branch) -> alpha = 7.3
     tr = coba.CapabilityTracker(prior=0.3)
-    assert tr.pass_rates([3]).tolist() == [0.3] and tr.f_bar == pytest.approx(0.7)
+    assert tr.pass_rates([3]).tolist() == [0.3] and tr.f_bar == pytest.approx(0.7)  # exact: the prior, copied
     assert tr.alpha_beta() == pytest.approx((7.3, 3.7))
 
 
 def test_tracker_update_sets_pass_rates():
     tr = coba.CapabilityTracker()
     tr.update([3, 7], successes=[3, 0], totals=[4, 2])
-    assert tr.pass_rates([7, 3, 11]).tolist() == [0.0, 0.75, 0.5]  # 0/2, 3/4, unseen -> prior
+    assert tr.pass_rates([7, 3, 11]).tolist() == [0.0, 0.75, 0.5]  # exact: k / n with n a power of 2 (or the prior): dyadic; 0/2, 3/4, unseen -> prior
     assert tr.seen([7, 3, 11]).tolist() == [True, True, False]
 
 
@@ -257,25 +257,25 @@ def test_tracker_window_drops_older_visits():
     tr = coba.CapabilityTracker(window=2)
     tr.update([5], [1], [4])   # F = 3/4
     tr.update([5], [3], [4])   # F = 1/4
-    assert tr.pass_rates([5])[0] == (1 + 3) / (4 + 4)   # pooled over both visits: 0.5
+    assert tr.pass_rates([5])[0] == (1 + 3) / (4 + 4)   # exact: dyadic, no rounding; pooled over both visits: 0.5
     tr.update([5], [4], [4])   # F = 0; the first visit falls out
-    assert tr.pass_rates([5])[0] == (3 + 4) / (4 + 4)   # 0.875
-    assert tr.history == [0.75, 0.25, 0.0]
-    assert tr.f_bar == (0.25 + 0.0) / 2                 # last 2 F_t only
+    assert tr.pass_rates([5])[0] == (3 + 4) / (4 + 4)   # exact: dyadic, no rounding; 0.875
+    assert tr.history == [0.75, 0.25, 0.0]  # exact: dyadic, no rounding
+    assert tr.f_bar == (0.25 + 0.0) / 2                 # exact: dyadic, no rounding; last 2 F_t only
     # window 1 (released launch script): only the latest visit and the latest F_t count
     tr1 = coba.CapabilityTracker(window=1)
     tr1.update([5], [1], [4])
     tr1.update([5], [3], [4])
-    assert tr1.pass_rates([5])[0] == 0.75 and tr1.f_bar == 0.25
+    assert tr1.pass_rates([5])[0] == 0.75 and tr1.f_bar == 0.25  # exact: dyadic, no rounding
 
 
 def test_tracker_failure_rate_is_averaged_over_prompts_not_rollouts():
     tr = coba.CapabilityTracker()
     # prompt 0: 1 of 2 correct (fails 1/2); prompt 1: 0 of 8 correct (fails 8/8)
     F_t = tr.update([0, 1], successes=[1, 0], totals=[2, 8])
-    assert F_t == (0.5 + 1.0) / 2 == 0.75      # eq. 4, mean over prompts
-    assert F_t != 9 / 10                        # the rollout average would give 0.9
-    assert tr.history == [0.75]
+    assert F_t == (0.5 + 1.0) / 2 == 0.75      # exact: dyadic, no rounding; eq. 4, mean over prompts
+    assert F_t != pytest.approx(9 / 10)                        # the rollout average would give 0.9
+    assert tr.history == [0.75]  # exact: dyadic, no rounding
 
 
 def test_tracker_state_dict_round_trip_through_json():
@@ -302,7 +302,7 @@ def test_tracker_state_dict_round_trip_through_json():
     with pytest.raises(ValueError, match="kappa"):
         other.load_state_dict(state)
     other.load_state_dict(state, strict=False)  # keeps kappa = 7, takes the data
-    assert other.kappa == 7.0 and other.history == tr.history
+    assert other.kappa == 7.0 and other.history == tr.history  # exact: copies
 
 
 def with_stats(**kw) -> WithKnapsackStats:
@@ -317,16 +317,16 @@ def test_tracker_knapsack_stats_follow_knapsack_rl():
     tr = with_stats(window=1)
     first = [1, 1, 1, 1] + [0] * 12                   # 16 rollouts, 4 correct: p_hat = 4/16
     tr.update([9], [4], [16], rewards=[first])
-    assert [x.tolist() for x in tr.knapsack.stats([9, 5])] == [[0.25, 0.0], [16, 0]]
+    assert [x.tolist() for x in tr.knapsack.stats([9, 5])] == [[0.25, 0.0], [16, 0]]  # exact: dyadic p_hat, integer counts
     tr.update([9], [8], [8], rewards=[[1] * 8])       # 8 < 16: the last 16 rewards = 8 zeros + 8 ones
-    assert [x.tolist() for x in tr.knapsack.stats([9])] == [[0.5], [24]]
-    assert tr.pass_rates([9])[0] == 1.0               # CoBA's own p_i keeps its window (1 visit)
+    assert [x.tolist() for x in tr.knapsack.stats([9])] == [[0.5], [24]]  # exact: dyadic p_hat, integer counts
+    assert tr.pass_rates([9])[0] == 1.0               # exact: 8 / 8; CoBA's own p_i keeps its window (1 visit)
     # without the order of the rewards, each rollout of a visit counts s/n (ours):
     # the last 16 = 8 of the first visit at .25 + 8 ones -> (2 + 8) / 16 = .625
     tr2 = with_stats(window=1)
     tr2.update([9], [4], [16])
     tr2.update([9], [8], [8])
-    assert tr2.knapsack.stats([9])[0].tolist() == [0.625]
+    assert tr2.knapsack.stats([9])[0].tolist() == [0.625]  # exact: 10 / 16: dyadic
     with pytest.raises(ValueError, match="rewards"):
         tr2.update([9], [1], [2], rewards=[[1, 1]])   # sums to 2, not successes = 1
 
@@ -334,12 +334,12 @@ def test_tracker_knapsack_stats_follow_knapsack_rl():
 def test_tracker_released_init_before_the_first_update():
     # released BetaAllocator.__init__: (alpha, beta) = (kappa - 2, 2) until the first update; ours
     # otherwise: F_bar = 1 - prior = .5 -> (5.5, 5.5) at kappa 11
-    assert coba.CapabilityTracker().alpha_beta() == (5.5, 5.5)
+    assert coba.CapabilityTracker().alpha_beta() == (5.5, 5.5)  # exact: dyadic, no rounding
     tr = coba.CapabilityTracker(released_init=True)
-    assert tr.alpha_beta() == (9.0, 2.0)
+    assert tr.alpha_beta() == (9.0, 2.0)  # exact: kappa - 2 and 2: integers
     tr.update([0, 1], [1, 1], [2, 2])                  # F_t = .5 -> eq. 7 from now on
-    assert tr.alpha_beta() == (5.5, 5.5)
-    assert coba.CapabilityTracker(released_init=True, schedule="fixed:2,3").alpha_beta() == (2.0, 3.0)
+    assert tr.alpha_beta() == (5.5, 5.5)  # exact: dyadic, no rounding
+    assert coba.CapabilityTracker(released_init=True, schedule="fixed:2,3").alpha_beta() == (2.0, 3.0)  # exact: fixed: the pair given, copied
 
 
 def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
@@ -359,7 +359,7 @@ def test_tracker_round_trips_knapsack_stats_and_loads_older_checkpoints():
     tr3 = with_stats(window=2)
     tr3.load_state_dict(old)
     p_hat, n = tr3.knapsack.stats([1, 2])
-    assert n.tolist() == [12, 16] and p_hat.tolist() == pytest.approx([5 / 12, 0.0], abs=1e-15)
+    assert n.tolist() == [12, 16] and p_hat.tolist() == pytest.approx([5 / 12, 0.0], abs=1e-15)  # exact: dyadic sums, then the one division 5 / 12
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def test_bad_input_is_one_line_value_error(call, names):
 # Gaps found by mutation testing (results/mutation.md): each test kills one surviving mutant
 # ----------------------------------------------------------------------------------------------
 def test_adaptive_tau_single_prompt_and_empty_batch():
-    assert coba.adaptive_tau([0.3]) == 3.0  # one pass rate: variance 0 -> the bottom of [3, 12]
+    assert coba.adaptive_tau([0.3]) == 3.0  # exact: one value: variance 0, 3 + 0; one pass rate: variance 0 -> the bottom of [3, 12]
     with pytest.raises(ValueError, match="at least one"):
         coba.adaptive_tau([])
 
@@ -409,7 +409,7 @@ def test_tracker_rebuilt_from_visits_keeps_the_window():
     """A tracker built from saved visits still drops the oldest visit once `window` is full."""
     t = coba.CapabilityTracker(window=2, visits={0: [(1.0, 2.0), (0.0, 2.0)]})
     t.update([0], [2.0], [2.0])
-    assert list(t.visits[0]) == [(0.0, 2.0), (2.0, 2.0)]
+    assert list(t.visits[0]) == [(0.0, 2.0), (2.0, 2.0)]  # exact: the visits given, copied
     assert t.pass_rates([0])[0] == pytest.approx(0.5)
 
 
@@ -441,4 +441,4 @@ def test_the_runs_tracker_copies_and_pickles_with_its_statistics():
     t = with_stats(window=2)
     t.update([3, 7], [1.0, 0.0], [4.0, 2.0], rewards=[[0, 1, 0, 0], [0, 0]])
     for back in (copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
-        assert back.state_dict() == t.state_dict() and back.pass_rates([3, 7]).tolist() == [0.25, 0.0]
+        assert back.state_dict() == t.state_dict() and back.pass_rates([3, 7]).tolist() == [0.25, 0.0]  # exact: a copy; 1/4 and 0/2 are dyadic

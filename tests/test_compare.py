@@ -89,15 +89,15 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
 def test_auc_and_rollouts_to_reach_by_hand():
     x, y = np.array([0.0, 100.0, 200.0]), np.array([0.2, 0.4, 0.3])
     # trapezoids: 100*(0.2+0.4)/2 + 100*(0.4+0.3)/2 = 30 + 35 = 65, over a span of 200 -> 0.325
-    assert stats.auc(x, y) == 0.325
-    assert stats.rollouts_to_reach(x, y, 0.35) == 100.0
+    assert stats.auc(x, y) == pytest.approx(0.325, rel=1e-9)  # float64 trapezoids vs the hand value (0.2 + 0.4 != 0.6 in float64)
+    assert stats.rollouts_to_reach(x, y, 0.35) == 100.0  # exact: an x of the grid, picked not computed
     assert stats.rollouts_to_reach(x, y, 0.5) is None
 
 
 def test_paired_t_interval_and_min_detectable_by_hand():
     # d = [1, 2, 3]: mean 2, sd 1, n 3, t_.975,2 = 4.303 -> half width 4.303 / sqrt(3) = 2.4843
     res = stats.paired_t([1.0, 2.0, 3.0])
-    assert res["mean"] == 2.0 and res["sd"] == 1.0
+    assert res["mean"] == 2.0 and res["sd"] == 1.0  # exact: integer data: 6 / 3 and sqrt(2 / 2) have no rounding
     assert res["lo"] == pytest.approx(2 - 4.303 / math.sqrt(3)) and res["hi"] == pytest.approx(2 + 4.303 / math.sqrt(3))
     # 80% power at n = 5: (t_.975,4 + t_.80,4) * sd / sqrt(5) = (2.776 + 0.941) / sqrt(5)
     assert stats.min_detectable(1.0, 5) == pytest.approx((2.776 + 0.941) / math.sqrt(5))
@@ -141,7 +141,7 @@ def test_signal_prompts_is_the_effective_number_of_signal_groups_by_hand():
              {"budgets": [8, 8, 8, 8], "group_reward": [0.5, 0.125, 0.875, 0.0]}]
     assert stats.signal_prompts(steps) == pytest.approx(2.5)
     assert stats.signal_prompts([{"budgets": [32, 8], "group_reward": [0.5, 0.5]}]) == pytest.approx(40 ** 2 / (32 ** 2 + 8 ** 2))
-    assert stats.signal_prompts([{"budgets": [4, 4], "group_reward": [0.0, 1.0]}]) == 0.0
+    assert stats.signal_prompts([{"budgets": [4, 4], "group_reward": [0.0, 1.0]}]) == 0.0  # exact: no signal group: 0
     assert stats.signal_prompts([{"budgets": [4, 4]}]) is None  # a log from before group rewards
 
 
@@ -426,7 +426,7 @@ def test_primary_metric_secondaries_and_evaluation_noise_by_hand():
     old.update(acc=[0.3, 0.4], final_acc=0.4, start_acc=0.3)
     view, metric, note = compare.table_view([old] + runs[1:])
     assert metric == "greedy" and "missing from some of these runs" in note
-    assert [r["final_acc"] for r in view] == [0.4, 0.4, 0.3, 0.5]
+    assert [r["final_acc"] for r in view] == [0.4, 0.4, 0.3, 0.5]  # exact: copied from the runs
     assert all(r["final_greedy"] is None and r["final_pass"] is None for r in view)
 
 
@@ -446,7 +446,7 @@ def test_toy_reason_has_its_own_regime_and_the_others_keep_theirs():
 def test_interpolated_reach_and_gain_target_by_hand():
     x, y = np.array([0.0, 100.0, 200.0, 300.0]), np.array([0.2, 0.4, 0.3, 0.5])
     assert stats.rollouts_to_reach_interpolated(x, y, 0.3) == pytest.approx(50.0)  # halfway up the first rise
-    assert stats.rollouts_to_reach_interpolated(x, y, 0.2) == 0.0 and stats.rollouts_to_reach_interpolated(x, y, 0.6) is None
+    assert stats.rollouts_to_reach_interpolated(x, y, 0.2) == 0.0 and stats.rollouts_to_reach_interpolated(x, y, 0.6) is None  # exact: x[0], picked not interpolated
     # plateau: the last PLATEAU_EVALS = 4 evaluations but never the start: (0.4 + 0.3 + 0.5) / 3 = 0.4
     assert stats.plateau(y) == pytest.approx(0.4)
     assert stats.gain_target({"acc": list(y)}, 0.5) == pytest.approx(0.2 + 0.5 * 0.2)
@@ -487,7 +487,7 @@ def test_gain_share_ratio_is_not_a_speed_up_on_a_noisy_plateau_and_finds_a_real_
         ratios = [d["gain_ratio"] for d in diffs]
         assert sum(r["lo"] <= 1 <= r["hi"] for r in ratios) >= 36, time_constant
         assert all(0.85 <= r["geo_mean"] <= 1.2 for r in ratios), [r["geo_mean"] for r in ratios]
-        if time_constant == 2500.0:
+        if time_constant == 2500.0:  # exact: the loop's own value
             for d in diffs:
                 at = d["gain_ratio"]["geo_mean"]
                 for sign in "-+":

@@ -276,7 +276,7 @@ def test_step_record_sums_verifier_counts_and_takes_the_slowest_generation(monke
     mine = train.StepRollouts(0, [], [], [], vstats=verify.VerifyStats(timeouts=1, errors=0), gen_seconds=1.25)
     other = (2.5, 3, 2)  # rank 1's (gen_seconds, timeouts, errors)
     monkeypatch.setattr(dist, "gather_object", lambda obj: [obj, other])
-    assert dist.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}
+    assert dist.over_ranks(mine) == {"gen_seconds": 2.5, "verify_timeouts": 4, "verify_errors": 2}  # exact: the larger of two given values, copied
 
 
 def test_evaluation_saves_and_restores_only_its_own_devices_rng(monkeypatch):
@@ -330,7 +330,7 @@ def test_each_rank_samples_from_its_own_seed(monkeypatch, tmp_path, toy_model_di
         train_draw, eval_draws = draws(rank)
         # exact: seeded random draws
         assert torch.equal(train_draw, seeded(seed)), rank
-        assert len(eval_draws) == 2 and all(torch.equal(d, seeded(seed)) for d in eval_draws), rank
+        assert len(eval_draws) == 2 and all(torch.equal(d, seeded(seed)) for d in eval_draws), rank  # exact: seeded random draws
 
 
 def test_policy_update_adds_its_metrics_and_the_vllm_gap_over_ranks(monkeypatch, toy_model_dir):
@@ -393,4 +393,4 @@ def test_evaluation_gathers_every_ranks_outcomes(monkeypatch, toy_model_dir):
     model = AutoModelForCausalLM.from_pretrained(toy_model_dir)
     result = evaluate.evaluate(model, AutoTokenizer.from_pretrained(toy_model_dir), records, args)
     assert [len(part) for part in gathered[0]] == [4, 8]  # rank 0 evaluated problems 0, 2, 4, 6
-    assert (result["acc"], result["avg@2"], result["pass@2"]) == (0.5, 0.5, 0.5)
+    assert (result["acc"], result["avg@2"], result["pass@2"]) == (0.5, 0.5, 0.5)  # exact: means of 0/1 rewards over 8: dyadic

@@ -133,7 +133,7 @@ def test_answers_normalised_and_verified(fake_hub, name, row, reference, right, 
     record = data.load_benchmark(name)[row]
     assert record["answer"] == reference
     # the hub preset's verifier: \boxed{} answers, no last-number fallback
-    assert verify.rewards([right, wrong], [record["answer"]] * 2, last_number_fallback=False) == [1.0, 0.0]
+    assert verify.rewards([right, wrong], [record["answer"]] * 2, last_number_fallback=False) == [1.0, 0.0]  # exact: 0/1 rewards
 
 
 def test_answer_normalisation_edge_cases():

@@ -75,10 +75,10 @@ def test_every_evaluation_logs_accuracy_per_level(tmp_path, toy_model_dir, monke
     for L in sorted(set(levels)):
         got = by_level[str(L)]
         assert got["n"] == levels.count(L)
-        assert got["acc"] == float(L % 2 == 0)
+        assert got["acc"] == float(L % 2 == 0)  # exact: a level's problems alike: the mean of equal 0/1 values
         assert got[f"avg@{K_EVAL}"] == pytest.approx(min(L % 5, K_EVAL) / K_EVAL)
-        assert got[f"pass@{K_EVAL}"] == float(L % 5 > 0)
-        assert got[f"avg@{K_EVAL}_se"] == 0.0  # every problem of a level alike
+        assert got[f"pass@{K_EVAL}"] == float(L % 5 > 0)  # exact: a level's problems alike: the mean of equal 0/1 values
+        assert got[f"avg@{K_EVAL}_se"] == 0.0  # exact: equal values: every deviation is 0; every problem of a level alike
     # the whole set is the levels' problem-weighted mean, and the log holds what main returned
     n = sum(v["n"] for v in by_level.values())
     assert record[f"heldout_avg@{K_EVAL}"] == pytest.approx(
@@ -105,7 +105,7 @@ def test_tables_carry_the_hardest_level_with_a_paired_ci():
     runs = [compare.summarise_run(arm, seed, _log({"0": 0.9, "4": hard}))
             for seed, (u, c) in enumerate([(0.30, 0.40), (0.32, 0.41), (0.28, 0.43)])
             for arm, hard in (("uniform", u), ("coba", c))]
-    assert {r["hard_level"] for r in runs} == {4} and runs[1]["final_hard"] == 0.40
+    assert {r["hard_level"] for r in runs} == {4} and runs[1]["final_hard"] == 0.40  # exact: copied from the log
     summary, diffs = stats.compare_arms(runs)
     d = next(d for d in diffs if d["arm"] == "coba")["final_hard"]
     assert d["mean"] == pytest.approx(np.mean([0.10, 0.09, 0.15])) and d["lo"] > 0
@@ -164,11 +164,11 @@ def test_coba_oracle_rollouts_are_neither_trained_on_nor_counted(tmp_path, toy_m
         assert r["oracle_rollouts"] == M * ORACLE_K and r["oracle_seconds"] >= 0
         # the allocator was handed the oracle's successes / K, every prompt counted as seen
         idx = r["prompt_idx"]
-        assert r["pass_rates"] == [round(sum(is_correct(j, k) for k in range(ORACLE_K)) / ORACLE_K, 4) for j in idx]
+        assert r["pass_rates"] == [round(sum(is_correct(j, k) for k in range(ORACLE_K)) / ORACLE_K, 4) for j in idx]  # exact: int / int then round(., 4), the log's own ops
         assert r["seen"] == M
         # not trained on: the update gets exactly the training round's rows and rewards, B_i per prompt
         assert learnt["completion_ids"] == training["rows"]
-        assert learnt["rewards"] == [float(is_correct(j, k)) for j, B in zip(idx, r["budgets"]) for k in range(B)]
+        assert learnt["rewards"] == [float(is_correct(j, k)) for j, B in zip(idx, r["budgets"]) for k in range(B)]  # exact: 0/1 rewards
         assert learnt["group_ids"] == [i for i, B in enumerate(r["budgets"]) for _ in range(B)]
     # step 1 saw every prompt before (pool of 8, M = 8): the tracker's stale p_i are logged beside the oracle's
     assert steps[0]["stale_pass_rates"] == [None] * M

@@ -136,7 +136,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
             first.fill_(-1.0)
         loaded_step, counters = checkpoint.load_checkpoint(found, *objects[:1], *objects[2:6])
         assert loaded_step == step and counters["rollouts"] == 32 * step
-        assert float(first.detach().flatten()[0]) == step
+        assert float(first.detach().flatten()[0]) == step  # exact: an integer written into the weight, read back
         assert train.prepare_run_dir(out, argparse_like(args, resume=True)) == found
         save(out, 4)  # the next save works and leaves the newest two checkpoints, no debris
         assert sorted(p.name for p in out.iterdir()) == [found.name, "checkpoint-4"]

@@ -222,7 +222,7 @@ def test_vllm_call_order_token_ids_n_and_seeds(fake_vllm, toy, toy_model_dir, sl
     gen = rollout.VLLMGenerator(make_args(sleep), str(toy_model_dir))
     kw = fake.llm.kw
     assert kw["model"] == str(toy_model_dir) and kw["dtype"] == "bfloat16" and kw["enable_sleep_mode"] is sleep
-    assert kw["logprobs_mode"] == "processed_logprobs" and kw["gpu_memory_utilization"] == 0.3
+    assert kw["logprobs_mode"] == "processed_logprobs" and kw["gpu_memory_utilization"] == 0.3  # exact: the flag's value, passed through
     assert kw["max_model_len"] == 64  # 4096 + 8 clamped to the toy's max_position_embeddings = 64
     assert kw["use_tqdm_on_load"] is True  # --no-progress not given: vLLM's load bar shows
     assert log == ([("LLM",), ("sleep", 2)] if sleep else [("LLM",)])
@@ -309,7 +309,7 @@ def test_vllm_sampling_params_and_stop_tokens(fake_vllm, toy, toy_model_dir):
     assert seen[1]["max_tokens"] == 4
     rollout.generate_groups(model, tokenizer, [[5, 6]], [1], max_new_tokens=8, temperature=0.7, top_p=0.9,
                             batch_size=4, generator=gen, greedy=True, seed=3)
-    assert (seen[2]["temperature"], seen[2]["top_p"]) == (0.0, 1.0)
+    assert (seen[2]["temperature"], seen[2]["top_p"]) == (0.0, 1.0)  # exact: greedy's values, written
     with pytest.raises(SystemExit, match="no room"):
         rollout.generate_groups(model, tokenizer, [list(range(64))], [1], max_new_tokens=8, temperature=1.0,
                                 top_p=1.0, batch_size=4, generator=gen)
@@ -388,7 +388,7 @@ def test_sampler_logps_tensor_aligns_with_completion_mask():
     rows = [[-0.5, -1.0], [-2.0], []]
     _, _, cmask = rollout.collate([[4], [4], [4]], [[5, 1], [6], []], pad_id=0)  # (3, T = 2)
     lp = rollout.sampler_logps_tensor(rows, T=cmask.shape[1])
-    assert lp.tolist() == [[-0.5, -1.0], [-2.0, 0.0], [0.0, 0.0]]
+    assert lp.tolist() == [[-0.5, -1.0], [-2.0, 0.0], [0.0, 0.0]]  # exact: the given log-probs copied, padding written as 0
     assert ((lp != 0) <= (cmask == 1)).all()
     assert rollout.sampler_logps_tensor([None, [-1.0]], T=2) is None
 
@@ -472,7 +472,7 @@ def test_hf_generate_ignores_the_models_sampling_extras(toy):
     try:
         torch.manual_seed(0)
         assert rollout.hf_generate(model, tokenizer, prompts, 8, 1.0, 1.0, batch_size=6) == clean
-        assert model.generation_config is shipped and shipped.repetition_penalty == 50.0  # put back
+        assert model.generation_config is shipped and shipped.repetition_penalty == 50.0  # exact: the value set, put back; put back
         # Why the swap is needed: an explicit GenerationConfig alone still inherits them here.
         config = rollout.sampling_config(rollout.eos_ids(model, tokenizer), tokenizer.pad_token_id, 8, 1.0, 1.0,
                                          greedy=False)

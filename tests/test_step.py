@@ -344,18 +344,18 @@ def check_allocation_and_tracker(rec: dict, exp: list[dict]):
         # the tracker's last visit of each prompt is exactly (successes_i, B_i) of this step (eq. 1)
         want_p = np.array(e["successes"]) / np.array(e["budgets"])
         assert tr["ids"] == e["prompt_idx"]
-        assert [tr["visits"][j][-1] for j in e["prompt_idx"]] == [
+        assert [tr["visits"][j][-1] for j in e["prompt_idx"]] == [  # exact: integer counts as floats
             (float(si), float(B)) for si, B in zip(e["successes"], e["budgets"])], s
         assert np.allclose(tr["pass_rates"], e["p_after"], atol=1e-12), (s, tr["pass_rates"], e["p_after"])
-        assert tr["F_t"] == pytest.approx(1 - want_p.mean(), abs=1e-12)  # eq. 4: mean over prompts
+        assert tr["F_t"] == pytest.approx(1 - want_p.mean(), abs=1e-9)  # 1 - mean(p) vs the tracker's mean(1 - p): rounding only; eq. 4: mean over prompts
         # the JSONL record
-        assert r["pass_rates"] == [round(float(p), 4) for p in e["pass_rates"]], s
+        assert r["pass_rates"] == [round(float(p), 4) for p in e["pass_rates"]], s  # exact: int / int then round(., 4), the log's own ops
         assert r["seen"] == int(np.sum(e["seen"]))
-        assert r["F_t"] == pytest.approx(e["F_t"], abs=1e-12)
-        assert r["F_bar"] == pytest.approx(e["F_bar"], abs=1e-12)
-        assert (r["alpha_t"], r["beta_t"]) == pytest.approx((e["alpha_t"], e["beta_t"]), abs=1e-12)
-        assert r["tau"] == pytest.approx(e["tau"], abs=1e-12)
-        assert r["group_reward"] == [round(x, 4) for x in want_p.tolist()]
+        assert r["F_t"] == pytest.approx(e["F_t"], abs=1e-9)  # the test's own float64 recomputation: rounding only
+        assert r["F_bar"] == pytest.approx(e["F_bar"], abs=1e-9)  # the test's own float64 recomputation: rounding only
+        assert (r["alpha_t"], r["beta_t"]) == pytest.approx((e["alpha_t"], e["beta_t"]), abs=1e-9)  # the test's own float64 recomputation: rounding only
+        assert r["tau"] == pytest.approx(e["tau"], abs=1e-9)  # the test's own float64 recomputation: rounding only
+        assert r["group_reward"] == [round(x, 4) for x in want_p.tolist()]  # exact: int / int then round(., 4), the log's own ops
         assert r["reward"] == pytest.approx(float(e["rewards"].mean()), abs=1e-7)
         assert r["zero_signal_groups"] == e["zero_signal_groups"] > 0
         assert r["zero_signal_rollouts"] == e["zero_signal_rollouts"]

@@ -56,9 +56,9 @@ def test_sum_problems_carry_a_worked_solution_the_verifier_reads():
             for step in steps.split(","):
                 lhs, rhs = step.split("=")
                 assert eval(lhs) == int(rhs)
-            assert verify.rewards([p["solution"]], [p["answer"]], last_number_fallback=False) == [1.0]
+            assert verify.rewards([p["solution"]], [p["answer"]], last_number_fallback=False) == [1.0]  # exact: 0/1 rewards
     # a completion that never states its answer earns nothing, even if its last number is right
-    assert verify.rewards(["26+4=30"], ["30"], last_number_fallback=False) == [0.0]
+    assert verify.rewards(["26+4=30"], ["30"], last_number_fallback=False) == [0.0]  # exact: 0/1 rewards
 
 
 def test_noisy_teacher_slips_and_continues_from_the_slip():

@@ -153,7 +153,7 @@ def test_avg_at_k_and_pass_at_k_are_logged(tmp_path, toy_model_dir):
         for key in ("heldout_avg@3", "heldout_avg@3_se", "heldout_acc", "heldout_pass@3"):
             assert summary[f"{key}_{when}"] == r[key]
     step = next(r for r in read_log(tmp_path) if r["type"] == "train")
-    assert (step["alpha_t"], step["beta_t"]) == (10.0, 1.0)  # linear-decay starts at alpha = kappa - 1
+    assert (step["alpha_t"], step["beta_t"]) == (10.0, 1.0)  # exact: integer-valued: kappa - 1 and 1; linear-decay starts at alpha = kappa - 1
 
 
 def test_evaluation_does_not_change_the_training_rollouts(tmp_path, toy_model_dir):

@@ -105,10 +105,10 @@ def test_final_sentence_rejects_what_is_not_a_closing_statement(completion):
 
 def test_final_sentence_reward_both_ways_and_its_switch():
     text = "Each shirt costs 25 dollars and he buys 8.\nSo the total is 200 dollars."
-    assert reward(text, "200") == 1.0
-    assert reward(text, "300") == 0.0  # the rule extracts; equality still decides
-    assert reward(text, "200", final_sentence=False) == 0.0  # off: nothing extracted, as before
-    assert reward(text, "8", last_number_fallback=True) == 0.0  # it outranks the last-number rule (200, not 8)
+    assert reward(text, "200") == 1.0  # exact: 0/1 rewards
+    assert reward(text, "300") == 0.0  # exact: 0/1 rewards; the rule extracts; equality still decides
+    assert reward(text, "200", final_sentence=False) == 0.0  # exact: 0/1 rewards; off: nothing extracted, as before
+    assert reward(text, "8", last_number_fallback=True) == 0.0  # exact: 0/1 rewards; it outranks the last-number rule (200, not 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,31 +210,31 @@ def test_reward_end_to_end(completion, answer, expected):
 
 
 def test_toy_bare_integers_with_fallback():
-    assert reward("17", "17", last_number_fallback=True) == 1.0
-    assert reward("-5", "-5", last_number_fallback=True) == 1.0
-    assert reward("-5", "5", last_number_fallback=True) == 0.0
-    assert reward(" 17\n", "17", last_number_fallback=True) == 1.0
-    assert reward("17", "17") == 0.0  # without the flag nothing is extracted
+    assert reward("17", "17", last_number_fallback=True) == 1.0  # exact: 0/1 rewards
+    assert reward("-5", "-5", last_number_fallback=True) == 1.0  # exact: 0/1 rewards
+    assert reward("-5", "5", last_number_fallback=True) == 0.0  # exact: 0/1 rewards
+    assert reward(" 17\n", "17", last_number_fallback=True) == 1.0  # exact: 0/1 rewards
+    assert reward("17", "17") == 0.0  # exact: 0/1 rewards; without the flag nothing is extracted
 
 
 def test_toy_path_never_reaches_sympy():
     stats = VerifyStats()
     scores = rewards([str(i % 40 - 20) for i in range(2000)], ["17"] * 2000, last_number_fallback=True, stats=stats)
-    assert sum(scores) == 2000 / 40  # i % 40 - 20 == 17 once per 40 (i % 40 == 37)
+    assert sum(scores) == 2000 / 40  # exact: a sum of 0/1 rewards: integer-valued; i % 40 - 20 == 17 once per 40 (i % 40 == 37)
     assert set(stats.by_check) == {"exact", "numeric"}  # no "symbolic": math-verify never called (~50 us a call)
 
 
 def test_empty_and_missing_answers_score_zero_and_are_counted():
     stats = VerifyStats()
-    assert reward("", "17", stats=stats) == 0.0
-    assert reward("I have no idea.", "17", last_number_fallback=True, stats=stats) == 0.0
-    assert reward(None, "17", stats=stats) == 0.0  # model output that is not even a string
+    assert reward("", "17", stats=stats) == 0.0  # exact: 0/1 rewards
+    assert reward("I have no idea.", "17", last_number_fallback=True, stats=stats) == 0.0  # exact: 0/1 rewards
+    assert reward(None, "17", stats=stats) == 0.0  # exact: 0/1 rewards; model output that is not even a string
     assert (stats.checked, stats.correct, stats.by_check) == (3, 0, {"no_answer": 3})
     assert stats.by_rule == {"none": 3}
 
 
 def test_reference_may_be_an_int_but_not_none():
-    assert reward(r"\boxed{17}", 17) == 1.0
+    assert reward(r"\boxed{17}", 17) == 1.0  # exact: 0/1 rewards
     with pytest.raises(ValueError, match="answer field"):
         reward(r"\boxed{17}", None)
 
@@ -250,7 +250,7 @@ def test_rewards_batch_and_stats():
     stats = VerifyStats()
     completions = [r"\boxed{1}", "#### 2", "the answer is 4", "5"]
     out = rewards(completions, ["1", "2", "3", "5"], last_number_fallback=True, stats=stats)
-    assert out == [1.0, 1.0, 0.0, 1.0]
+    assert out == [1.0, 1.0, 0.0, 1.0]  # exact: 0/1 rewards
     assert stats.by_rule == {"boxed": 1, "gsm8k": 1, "answer_is": 1, "last_number": 1}
     assert stats.as_dict()["correct"] == 3 and stats.timeouts == 0 and stats.errors == 0
 
@@ -267,7 +267,7 @@ def test_rewards_batch_and_stats():
 def test_100kb_garbage_scores_zero(garbage):
     assert len(garbage) >= 100_000
     stats = VerifyStats()
-    assert reward(garbage, "1", last_number_fallback=True, stats=stats, timeout_s=1.0) == 0.0
+    assert reward(garbage, "1", last_number_fallback=True, stats=stats, timeout_s=1.0) == 0.0  # exact: 0/1 rewards
     assert stats.errors == 0 and stats.timeouts == 0  # extraction needs no timeout: see the next test
 
 
@@ -332,7 +332,7 @@ def test_extraction_work_is_linear_in_the_input(make):
 
 def test_deeply_nested_latex_times_out():
     stats = VerifyStats()
-    assert reward(rf"\boxed{{{NESTED_FRACS}}}", "1", timeout_s=1.0, stats=stats) == 0.0
+    assert reward(rf"\boxed{{{NESTED_FRACS}}}", "1", timeout_s=1.0, stats=stats) == 0.0  # exact: 0/1 rewards
     assert stats.timeouts == 1 and stats.by_check == {"timeout": 1}  # the guard fired, nothing raised
 
 
@@ -364,10 +364,10 @@ def test_timeout_off_the_main_thread_stops_a_c_call():
     run = subprocess.run([sys.executable, "-c", TOWER_FROM_A_THREAD], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["returned"] and out["tower"] == 0.0
+    assert out["returned"] and out["tower"] == 0.0  # exact: 0/1 rewards
     assert out["by_check"] == {"timeout": 1, "symbolic": 1}  # recorded as a timeout, not an error
     assert out["live_workers"] == 0
-    assert out["after"] == 1.0  # the next check runs in a fresh worker
+    assert out["after"] == 1.0  # exact: 0/1 rewards; the next check runs in a fresh worker
 
 
 def test_worker_process_returns_values_and_exceptions():
@@ -405,7 +405,7 @@ def test_timeout_guard_restores_signal_state():
             grading.run_with_timeout(spin, 0.2)  # spin never returns: the alarm stopped it
         assert time.perf_counter() - t0 >= 0.2  # and not early (a lower bound: a busy machine only adds)
         assert signal.getsignal(signal.SIGALRM) is sentinel  # our handler is gone again
-        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no stray alarm left armed
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # exact: a disarmed timer reads 0; no stray alarm left armed
         assert grading.run_with_timeout(lambda: 6 * 7, 0.2) == 42
         with pytest.raises(ZeroDivisionError):  # ordinary exceptions pass through; is_equivalent counts them
             grading.run_with_timeout(lambda: 1 / 0, 0.2)
@@ -429,7 +429,7 @@ def test_timeout_guard_keeps_an_outer_timer():
 # 6. Format reward (flag, default off)
 # ---------------------------------------------------------------------------------------------
 def test_format_reward_is_off_by_default():
-    assert reward(r"so \boxed{4}", "4") == 1.0  # exactly binary: no bonus hiding in the default
+    assert reward(r"so \boxed{4}", "4") == 1.0  # exact: 0/1 rewards; exactly binary: no bonus hiding in the default
 
 
 @pytest.mark.parametrize("completion, expected", [

@@ -88,7 +88,7 @@ def test_completions_match_the_runs_rewards(tb_run):
             assert r["reward"] == verify.reward(r["completion"], r["answer"], last_number_fallback=True)
             assert len(r["prompt"]) <= tracking.MAX_CHARS and len(r["completion"]) <= tracking.MAX_CHARS
     assert any(len(set(rec["budgets"])) > 1 for rec in log.values()), "no step had unequal budgets"
-    assert {r["reward"] for r in rows} == {0.0, 1.0}  # both kinds shown
+    assert {r["reward"] for r in rows} == {0.0, 1.0}  # exact: 0/1 rewards; both kinds shown
 
 
 def test_plots_from_a_run_directory_alone(tb_run, tmp_path):
@@ -202,12 +202,12 @@ def test_wandb_gets_trl_names_and_resumes_the_same_run(tmp_path, monkeypatch):
     assert init["mode"] == "offline" and init["resume"] == "allow" and init["dir"] == str(tmp_path)
     assert init["id"] == (tmp_path / tracking.WANDB_ID).read_text().strip()
     step, values = fake.logged[0]
-    assert step == 3 and values == {  # a NaN loss is left out; step and vectors are not scalars
+    assert step == 3 and values == {  # exact: the values logged, passed through; a NaN loss is left out; step and vectors are not scalars
         "train/rollouts": 96.0, "train/reward": 0.25, "train/learning_rate": 2e-4, "train/clip_ratio": 0.1,
         "train/coba/seen": 2.0, "train/coba/F_t": 0.75, "train/coba/budgets": ("hist", [2, 6]),
         "train/coba/pass_rates": ("hist", [0.0, 0.5]), "train/group_reward": ("hist", [0.0, 0.5])}
-    assert fake.logged[1] == (3, {"eval/rollouts": 96.0, "eval/heldout_acc": 0.5, "eval/heldout_avg@4": 0.4})
-    assert fake.logged[2][1]["completions"] == ("table", ["step", "prompt", "completion", "reward", "B_i", "p_i"],
+    assert fake.logged[1] == (3, {"eval/rollouts": 96.0, "eval/heldout_acc": 0.5, "eval/heldout_avg@4": 0.4})  # exact: the values logged, passed through
+    assert fake.logged[2][1]["completions"] == ("table", ["step", "prompt", "completion", "reward", "B_i", "p_i"],  # exact: the values logged, passed through
                                                 [[3, "1+1=", "2", 1.0, 6, 0.5]])
     tracking.Tracker("wandb", tmp_path, 3, {"seed": 0}).close()  # --resume from step 3: the same run
     assert fake.inits[1]["id"] == init["id"]
@@ -228,4 +228,4 @@ def test_real_wandb_offline(tmp_path, monkeypatch):
     runs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 1 and (runs[0] / f"run-{run_id}.wandb").stat().st_size > 0
     tables = list(runs[0].glob("files/media/table/completions_*.table.json"))
-    assert len(tables) == 1 and json.loads(tables[0].read_text())["data"] == [[3, "1+1=", "2", 1.0, 6, 0.5]]
+    assert len(tables) == 1 and json.loads(tables[0].read_text())["data"] == [[3, "1+1=", "2", 1.0, 6, 0.5]]  # exact: the values logged, written and read back
