@@ -46,7 +46,8 @@ from harness import paths
 import toy
 from engines import tracking
 from harness.data import BENCHMARKS, BOXED_INSTRUCTION, DATASET_ALIASES, check_prompt_template
-from harness.models import MODEL_ALIASES, default_device
+from harness import arith
+from harness.models import GGUF_MODELS, MODEL_ALIASES, default_device
 
 PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks the M prompts
 # What a run writes, truncates or deletes at the top of OUTPUT_DIR (with checkpoint.OURS, its
@@ -55,9 +56,10 @@ PROMPT_SELECTIONS = ("sampler", "mopps")  # --prompt-selection: how step 1 picks
 RUN_ENTRIES = ("log.jsonl", "log.jsonl.tmp", ".lock", "plots", tracking.COMPLETIONS, tracking.TB_DIR,
                tracking.WANDB_ID, "wandb")
 
+LAB_LR = 2e-5  # smollm2-arith's learning rate (calibrated: docs/real-models.md)
 # Defaults that differ between the CPU toy and real models; every one can be overridden by its flag.
 PRESETS = {
-    "toy": dict(learning_rate=2e-4, max_completion_length=8, num_generations=8, prompts_per_step=32,
+    "toy": dict(train_size=1024, learning_rate=2e-4, max_completion_length=8, num_generations=8, prompts_per_step=32,
                 steps=150, eval_every=75, save_every=50, prompt_template="{question}",
                 last_number_fallback=True, threads=1, warmup_lr_steps=0, micro_batch_size=512,
                 # held-out avg@8 (the paper's metric) on 1,024 problems, at steps 0, 75, 150: standard
@@ -70,11 +72,19 @@ PRESETS = {
     # compare.py's regime for this lab (docs/results.md): held-out avg@8 rises ~.26 -> ~.50 by then in
     # every arm, while a 100-step coba run at this lr fell back (avg@8 .369 and greedy .396 at step 50,
     # .405 at step 100; measured 2026-12-06).
-    "toy-reason": dict(learning_rate=3e-4, max_completion_length=72, num_generations=8, prompts_per_step=32,
+    "toy-reason": dict(train_size=1024, learning_rate=3e-4, max_completion_length=72, num_generations=8, prompts_per_step=32,
                        steps=40, eval_every=20, save_every=20, prompt_template="{question}",
                        last_number_fallback=False, threads=1, warmup_lr_steps=0, micro_batch_size=256,
                        generation_batch_size=512, eval_size=512, eval_samples=8),
-    "hub": dict(learning_rate=1e-6, max_completion_length=1024, num_generations=16,
+    # smollm2-arith: the real-LM lab (harness/arith.py), SmolLM2-135M-Instruct through its chat template
+    # on four levels of arithmetic, "just the number", verify.py's reward with the last-number fallback.
+    # Sized so that a run is well under an hour on one CPU thread (docs/real-models.md "The real-LM lab").
+    arith.LAB: dict(learning_rate=LAB_LR, max_completion_length=16, num_generations=8, prompts_per_step=16,
+                    steps=40, eval_every=8, save_every=8, prompt_template=arith.PROMPT_TEMPLATE,
+                    last_number_fallback=True, threads=1, warmup_lr_steps=0, micro_batch_size=64,
+                    generation_batch_size=512, eval_size=arith.HELD_OUT, eval_samples=8, train_size=128,
+                    max_budget=32),
+    "hub": dict(train_size=1024, learning_rate=1e-6, max_completion_length=1024, num_generations=16,
                 prompts_per_step=32, steps=200, eval_every=20, save_every=20,
                 prompt_template="{question}\n" + BOXED_INSTRUCTION, last_number_fallback=False,
                 threads=None, warmup_lr_steps=10, micro_batch_size=8, generation_batch_size=256,
@@ -131,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("model and data")
     g.add_argument("--model", default="toy-reason", help="'toy-reason' (the default: worked solutions), 'toy' or 'toy-strong' "
                    "(offline models committed under lab/, see toy.py), an alias ("
-                   + ", ".join(MODEL_ALIASES) + ", smollm2-135m), a hub id or a local directory")
+                   + ", ".join(MODEL_ALIASES) + ", smollm2-135m), the real-LM lab 'smollm2-arith' (SmolLM2-135M-"
+                   "Instruct on graded arithmetic, harness/arith.py), a hub id or a local directory")
     g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
                    + "), a hub dataset name, or a local .jsonl/.json/.parquet file")
     g.add_argument("--question-field", default=None, help="column holding the question (dotted path ok)")
@@ -143,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                         + ", or paper (all six); logged as NAME_avg@k etc. (data.BENCHMARKS)")
     g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 1024); sliced "
                    "from a file without a test split, at most a fifth of it")
-    g.add_argument("--train-size", type=int, default=1024,
-                   help="training pool size for the toy (revisited each epoch: pass rates need "
+    g.add_argument("--train-size", type=int, default=None,
+                   help="training pool size for the labs (toy: 1024, smollm2-arith: 256) (revisited each epoch: pass rates need "
                         "an earlier visit, docs/method-sources.md §3)")
     g.add_argument("--prompt-template", default=None,
                    help="format of the user turn; toy: '{question}', else adds the \\boxed{} instruction")
@@ -327,7 +338,7 @@ def check_path_flags(args: argparse.Namespace) -> None:
     each --eval-files an existing file."""
     out = paths.check_path("--output-dir", args.output_dir, "dir")
     paths.check_no_links("--output-dir", out, lambda name: name in RUN_ENTRIES or checkpoint.OURS.fullmatch(name))
-    named = args.model in toy.TOY_MODELS or args.model in MODEL_ALIASES or args.model == "smollm2-135m"
+    named = args.model in toy.TOY_MODELS or args.model in MODEL_ALIASES or args.model in GGUF_MODELS
     paths.check_path("--model", args.model, "name")
     if not named:  # a local model is a folder (from_pretrained's); a hub id that is no path passes
         paths.check_path("--model", args.model, "dir")
@@ -340,7 +351,7 @@ def check_path_flags(args: argparse.Namespace) -> None:
 def resolve_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> argparse.Namespace:
     """Fill preset defaults (toy vs real model) and reject bad values with a one-line error."""
     check_path_flags(args)
-    lab = toy.lab_name(args.model)  # a shipped lab, or a checkpoint trained from one: its preset
+    lab = toy.lab_name(args.model) or arith.lab_name(args.model)  # a shipped lab, or a checkpoint of one: its preset
     preset = PRESETS[(lab if lab in PRESETS else "toy") if lab else "hub"]
     if args.use_peft and args.learning_rate is None:
         args.learning_rate = LORA_LR_FACTOR * preset["learning_rate"]

