@@ -15,18 +15,19 @@ import train
 
 
 def test_splits_are_disjoint_graded_and_fixed():
-    train_pool, test = arith.make_splits(n_train=256, n_test=512)
-    assert len(test) == 512 and len(train_pool) == 256
+    train_pool, test = arith.make_splits(n_train=128, n_test=256)
+    assert len(test) == 256 and len(train_pool) == 128
     assert not {p["question"] for p in train_pool} & {p["question"] for p in test}  # no held-out leak
-    assert len({p["question"] for p in test}) == 512  # distinct
+    assert len({p["question"] for p in test}) == 256  # distinct
     for p in train_pool + test:  # the answer is the arithmetic of the question
-        a, op, b = p["question"].removeprefix("What is ").removesuffix("?").split()
-        assert p["answer"] == str(int(a) + int(b) if op == "+" else int(a) * int(b))
+        terms = p["question"].removeprefix("What is ").removesuffix("?").split()
+        assert p["answer"] == str(eval("".join(terms)))  # eval is safe here: digits, + and * only
     levels = np.bincount([p["level"] for p in test], minlength=4)
-    assert levels[0] == levels[2] == 32  # the 64-problem levels: at most half held out
-    assert levels[1] == levels[3] == 224
+    assert levels[0] == levels[1] == 50  # the 100-problem levels: at most half held out
+    assert levels[2] == levels[3] == 78
+    assert np.bincount([p["level"] for p in train_pool], minlength=4).tolist() == [32, 32, 32, 32]
     # the held-out set does not depend on the pool's size: every run and arm sees the same problems
-    assert arith.make_splits(n_train=64, n_test=512)[1] == test
+    assert arith.make_splits(n_train=64, n_test=256)[1] == test
 
 
 def test_in_format_is_just_the_number():
@@ -50,15 +51,15 @@ def test_lab_preset_and_checkpoint_keep_it(tmp_path):
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(["--model", arith.LAB, "--output-dir", str(tmp_path / "a")]), ap)
     assert args.prompt_template == arith.PROMPT_TEMPLATE and args.last_number_fallback
-    assert (args.prompts_per_step, args.num_generations, args.train_size, args.eval_size) == (16, 8, 256, 512)
+    assert (args.prompts_per_step, args.num_generations, args.train_size, args.eval_size) == (16, 8, 128, 256)
     assert args.total_budget == 128 and args.max_budget == 32
-    assert args.learning_rate == pytest.approx(1e-5)
+    assert args.learning_rate == pytest.approx(2e-5)
     ckpt = tmp_path / "checkpoint-8"  # a checkpoint of the lab keeps the lab's task and preset
     ckpt.mkdir()
     (ckpt / "run_config.json").write_text(json.dumps({"model": arith.LAB}))
     assert arith.lab_name(str(ckpt)) == arith.LAB and arith.lab_name("smollm2-135m") is None
     args = train.resolve_args(ap.parse_args(["--model", str(ckpt), "--output-dir", str(tmp_path / "b")]), ap)
-    assert args.prompt_template == arith.PROMPT_TEMPLATE and args.train_size == 256
+    assert args.prompt_template == arith.PROMPT_TEMPLATE and args.train_size == 128
     # the toy keeps its pool
     args = train.resolve_args(ap.parse_args(["--output-dir", str(tmp_path / "c")]), ap)
     assert args.train_size == 1024
