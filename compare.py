@@ -544,6 +544,9 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="tiny, for tests: 2 seeds, 6 steps, small pool")
     ap.add_argument("--plots-only", action="store_true",
                     help="redo tables and plots from finished runs (OUT/runs, else PRESET/runs.jsonl); train nothing")
+    ap.add_argument("--measure-power", metavar="TABLE_DIR", default=None,
+                    help="train nothing: fit uniform's curve in TABLE_DIR/runs.jsonl and print what the rollouts "
+                         "ratio to 80%% of the gain reads for a true 1x, 1.5x, 2x speed-up (stats.measure_power)")
     ap.add_argument("--redo-mismatched", action="store_true",
                     help="runs in OUT/runs made with other train.py flags than this sweep's are trained "
                          "again from scratch (default: refuse)")
@@ -610,6 +613,14 @@ def prepare_model(args) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args, train_flags = parse_args(argv)
+    if args.measure_power:  # the rollouts measure's power at this table's shape (docs/results.md)
+        from harness.stats import calibrate
+        power_runs, _, _ = table_view(list(load_store(Path(args.measure_power)).values()))
+        if not any(r["arm"] == "uniform" for r in power_runs):
+            raise SystemExit(f"error: no uniform runs in {Path(args.measure_power) / 'runs.jsonl'} to fit")
+        cal = calibrate(power_runs)
+        print(cal["text"])
+        return cal
     out = args.runs_out  # OUT, or OUT/model-NAME for another starting model
     extra = [*args.regime_flags, "--steps", str(args.steps), "--eval-every",
              str(args.eval_every), "--eval-samples", str(args.eval_samples), "--model", args.model, *train_flags]

@@ -19,6 +19,9 @@ cancels the seed-to-seed noise both share (design).
                        final value and AUC (and the secondary metrics) with 95% CIs and detectable
                        differences, and the rollouts-to-target ratio (geometric mean, CI on the log)
     evaluation_noise   the standard error of one evaluation over the held-out set (the table's footer)
+    measure_power      what the rollouts ratio to 80% of the gain reads for a true 1x, 1.5x, 2x speed-up
+                       on made-up curves of a lab's shape; fit_rise fits that shape (start, plateau, time
+                       constant) to a table's uniform curves; calibrate = both (compare.py --measure-power)
 
 Departures: beyond df = 30 the hand-typed tables this replaces used the normal quantiles (1.960,
 0.842); the t quantile is used at every df (no committed table has more than 31 seeds).
@@ -190,6 +193,136 @@ def speed_sensitivity(arm: dict, base: dict, common: list, se: float) -> dict:
     out["leave one out"] = [g for g in loo if g is not None] if len(common) > 2 else []
     return out
 
+
+# ----------------------------------------------------------------------------------------------
+# The rollouts measure's power: what it reads for a known speed-up on curves shaped like a lab's
+# ----------------------------------------------------------------------------------------------
+def rise_curve(r, start: float, plateau: float, tau: float):
+    """acc(r) = start + (plateau - start) (1 - exp(-r / tau)): a curve rising from start to plateau
+    with time constant tau rollouts (63% of the rise by tau, 95% by 3 tau)."""
+    return start + (plateau - start) * (1 - np.exp(-np.asarray(r, float) / tau))
+
+
+def measure_power(start: float, plateau: float, tau_rollouts: float, noise_se: float, grid,
+                  speedups=(1.0, 1.5, 2.0), seeds: int = 3, draws: int = 200, seed: int = 0,
+                  jitter: float = 0.0) -> list[dict]:
+    """What the tables' rollouts measure (80% of each seed's uniform gain, interpolated: speed_ratio
+    with gain_target and rollouts_to_reach_interpolated, as compare_arms computes "gain_ratio") reads
+    on made-up curves of a known speed-up. Per draw, `seeds` paired seeds; a seed's uniform curve is
+    rise_curve(r) and its arm's rise_curve(speedup * r), observed on `grid` (rollouts, the first 0)
+    with independent Gaussian noise of sd noise_se at every evaluation, the two sharing the seed's
+    start evaluation (the same initial model); jitter > 0 moves each seed's start and plateau (both
+    arms alike) by Gaussian noise of that sd. Seeded: the same arguments give the same numbers.
+    Returns one row per true speed-up: median_read (median over draws of the geometric mean; a draw
+    where an arm never gets there reads inf), share_faster (CI upper bound < 1: the power to see a
+    speed-up), share_helps (geometric mean <= 0.7 and CI upper bound < 1: the rule's rollouts route),
+    share_ci_holds_1, share_no_read (no geometric mean: an arm never got there, or every seed's
+    uniform was at its target at the first evaluation)."""
+    rng = np.random.default_rng(seed)
+    x = np.asarray(grid, float)
+    rows = []
+    for speedup in speedups:
+        reads, faster, helps, holds, no_read = [], 0, 0, 0, 0
+        for _ in range(draws):
+            base, arm = {}, {}
+            for s in range(seeds):
+                a, b = start + rng.normal(0, jitter), plateau + rng.normal(0, jitter)
+                first = a + rng.normal(0, noise_se)  # evaluation 0: one model, shared by the seed's arms
+                for runs, k in ((base, 1.0), (arm, speedup)):
+                    y = rise_curve(k * x, a, b, tau_rollouts) + rng.normal(0, noise_se, len(x))
+                    y[0] = first
+                    runs[s] = {"rollouts": list(x), "acc": list(y)}
+            res = speed_ratio(arm, base, list(base), lambda s: gain_target(base[s]), rollouts_to_reach_interpolated)
+            if res["geo_mean"] is None:
+                no_read += 1
+                if res.get("never"):
+                    reads.append(math.inf)
+                continue
+            reads.append(res["geo_mean"])
+            hi, lo = res["hi"], res["lo"]
+            faster += hi is not None and hi < 1
+            helps += hi is not None and hi < 1 and res["geo_mean"] <= 0.7
+            holds += lo is not None and lo <= 1 <= hi
+        rows.append({"speedup": float(speedup), "true_ratio": 1 / float(speedup),
+                     "median_read": float(np.median(reads)) if reads else None,
+                     "share_faster": faster / draws, "share_helps": helps / draws,
+                     "share_ci_holds_1": holds / draws, "share_no_read": no_read / draws})
+    return rows
+
+
+def fit_rise(runs: list[dict], baseline: str = "uniform") -> dict:
+    """(start, plateau, tau) of rise_curve fitted by least squares (scipy.optimize.curve_fit) to the
+    baseline's curves (runs.jsonl rows: "rollouts" against "acc", every seed's points pooled), with
+    tau's standard error from the fit; noise_se = evaluation_se of those runs (one evaluation's
+    standard error, as the table's footer gives it); grid = their evaluation points; seeds = their
+    number; residual_sd = the fit's residuals' sd (evaluation noise plus seed-to-seed spread), and
+    jitter = the sd over seeds of each seed's plateau (mean of its last PLATEAU_EVALS evaluations)."""
+    from scipy.optimize import curve_fit
+
+    mine = [r for r in runs if r.get("arm", baseline) == baseline]
+    if not mine:
+        raise ValueError(f"no {baseline} runs to fit")
+    x = np.concatenate([np.asarray(r["rollouts"], float) for r in mine])
+    y = np.concatenate([np.asarray(r["acc"], float) for r in mine])
+    grid = [float(v) for v in mine[0]["rollouts"]]
+    start0, end0 = float(np.mean([r["acc"][0] for r in mine])), float(np.mean([r["acc"][-1] for r in mine]))
+    p0 = (start0, end0, max(grid[-1] / 4, 1.0))
+    (a, b, tau), cov = curve_fit(rise_curve, x, y, p0=p0, bounds=([-1, -1, 1e-6 * grid[-1]], [2, 2, 1e3 * grid[-1]]))
+    resid = y - rise_curve(x, a, b, tau)
+    plateaus = [plateau(np.asarray(r["acc"], float)) for r in mine]
+    return {"start": float(a), "plateau": float(b), "tau": float(tau),
+            "tau_se": float(math.sqrt(cov[2, 2])) if np.isfinite(cov[2, 2]) else float("nan"),
+            "noise_se": evaluation_se(mine), "grid": grid, "seeds": len(mine),
+            "residual_sd": float(np.std(resid, ddof=3)) if len(resid) > 3 else float("nan"),
+            "jitter": float(np.std(plateaus, ddof=1)) if len(plateaus) > 1 else 0.0,
+            "rise_by_first_eval": float(1 - math.exp(-grid[1] / tau)) if len(grid) > 1 else float("nan")}
+
+
+def power_report(fit: dict, rows: list[dict], draws: int, rows_residual: list[dict] | None = None) -> str:
+    """fit_rise's numbers and measure_power's rows as printed lines (compare.py --measure-power);
+    rows_residual: the same with the fit's residual sd as the noise."""
+    g = fit["grid"]
+    lines = [f"fitted uniform curve ({fit['seeds']} seeds): start {fit['start']:.3f}, plateau {fit['plateau']:.3f}, "
+             f"tau {fit['tau']:.0f} rollouts (se {fit['tau_se']:.0f}); {fit['rise_by_first_eval']:.0%} of the rise "
+             f"by the first evaluation after the start",
+             f"evaluation grid: {len(g)} points, {', '.join(f'{v:g}' for v in g)} rollouts",
+             f"noise: one evaluation's SE {fit['noise_se']:.4f} (the fit's residual sd {fit['residual_sd']:.4f}); "
+             f"per-seed jitter of start and plateau {fit['jitter']:.4f}"]
+    if fit["plateau"] <= fit["start"]:
+        lines.append(f"uniform does not rise here (plateau - start = {fit['plateau'] - fit['start']:+.3f}): the "
+                     f"rollouts to {GAIN_SHARE:.0%} of its gain measure nothing, and no power is computed")
+        return "\n".join(lines)
+    for noise, label, rs in ((fit["noise_se"], "one evaluation's SE", rows),
+                             (fit["residual_sd"], "the fit's residual sd", rows_residual)):
+        if rs is None:
+            continue
+        lines += [f"\nthe rollouts ratio to {GAIN_SHARE:.0%} of uniform's gain on made-up curves of this shape, "
+                  f"{fit['seeds']} paired seeds, {draws} draws, noise {noise:.4f} ({label}):\n",
+                  "| true speed-up | true ratio | median read | CI upper < 1 (power) | <= 0.7x with CI upper < 1 "
+                  "(the rule's 'helps') | CI holds 1 | no read |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rs:
+            read = "-" if r["median_read"] is None else f"{r['median_read']:.2f}"
+            lines.append(f"| {r['speedup']:g}x | {r['true_ratio']:.2f} | {read} | {r['share_faster']:.2f} | "
+                         f"{r['share_helps']:.2f} | {r['share_ci_holds_1']:.2f} | {r['share_no_read']:.2f} |")
+    return "\n".join(lines)
+
+
+def calibrate(runs: list[dict], baseline: str = "uniform", draws: int = 200, seed: int = 0) -> dict:
+    """The rollouts measure's power at one table's shape: fit_rise on its baseline runs, then
+    measure_power (1x, 1.5x, 2x; the table's number of seeds; per-seed jitter as fitted) with the
+    noise of one evaluation's SE and, beside it, the fit's residual sd. None where uniform does not
+    rise. {"fit", "rows", "rows_residual", "text"}."""
+    fit = fit_rise(runs, baseline)
+    rows = rows_residual = None
+    if fit["plateau"] > fit["start"]:
+        shape = (fit["start"], fit["plateau"], fit["tau"])
+        rows = measure_power(*shape, fit["noise_se"], fit["grid"], seeds=fit["seeds"], draws=draws, seed=seed,
+                             jitter=fit["jitter"])
+        rows_residual = measure_power(*shape, fit["residual_sd"], fit["grid"], seeds=fit["seeds"], draws=draws,
+                                      seed=seed, jitter=fit["jitter"])
+    return {"fit": fit, "rows": rows, "rows_residual": rows_residual,
+            "text": power_report(fit, rows, draws, rows_residual)}
 
 def signal_prompts(train: list[dict]) -> float | None:
     """How many prompts the gradient is spread over, per step, averaged over steps: the effective

@@ -494,3 +494,62 @@ def test_gain_share_ratio_is_not_a_speed_up_on_a_noisy_plateau_and_finds_a_real_
                     assert abs(d["reach_sensitivity"][f"{share} of the gain, target {sign} SE/5"]["geo_mean"] - at) < 0.05
     faster = [stats.compare_arms(_made_up_runs(d, 10000.0, 2.0))[1][0]["gain_ratio"] for d in range(40)]
     assert all(r["hi"] < 1 and r["geo_mean"] <= 0.65 for r in faster), [(r["geo_mean"], r["hi"]) for r in faster]
+
+
+# The rollouts measure's power (issue 56): what stats.measure_power reads for a known speed-up. Every
+# case is seeded (seed 0, 100 draws); the tolerances were set from seeds 0-3, where the numbers moved
+# by < 0.02 in median read and < 0.06 in the shares.
+FINE_GRID = np.arange(13) * 2560.0  # 13 evaluations 2,560 rollouts apart
+TOY_REASON_GRID = np.arange(7) * 5120.0  # the paper regime's: every 20 steps of 256 rollouts
+
+
+def test_measure_power_reads_a_speed_up_where_the_grid_resolves_the_rise():
+    """Slow rise (tau 10,000 rollouts, 23% of the rise by the first evaluation), fine grid, 5 seeds,
+    noise 0.012: a true 2x reads 0.5 +- 0.05 and is found faster (CI upper < 1) and "helps" by the
+    rule (<= 0.7x) in >= 95% of draws; a true 1x reads 1 +- 0.05, its CI holds 1 in >= 90% of draws,
+    and it is called faster in <= 5%."""
+    rows = {r["speedup"]: r for r in stats.measure_power(0.26, 0.48, 10000.0, 0.012, FINE_GRID, seeds=5, draws=100)}
+    assert abs(rows[2.0]["median_read"] - 0.5) < 0.05 and rows[2.0]["share_faster"] >= 0.95, rows[2.0]
+    assert rows[2.0]["share_helps"] >= 0.95, rows[2.0]
+    assert abs(rows[1.0]["median_read"] - 1) < 0.05 and rows[1.0]["share_ci_holds_1"] >= 0.9, rows[1.0]
+    assert rows[1.0]["share_faster"] <= 0.05 and rows[1.5]["share_faster"] >= 0.9, rows
+
+
+def test_measure_power_is_blind_on_curves_as_flat_as_toy_reasons():
+    """toy-reason's paper regime (tau 2,400 rollouts: 88% of the rise by the first evaluation at
+    5,120; noise 0.013; 8 seeds): a true 2x reads >= 0.8 (the known blindness: the measure compares the
+    first evaluations' gains), a true 1.5x >= 0.85, and neither passes the rule's 0.7x bar in more than
+    5% of draws; a true 1x reads 1 +- 0.05 with its CI holding 1 in >= 90% of draws."""
+    rows = {r["speedup"]: r for r in stats.measure_power(0.26, 0.48, 2400.0, 0.013, TOY_REASON_GRID, seeds=8, draws=100)}
+    assert rows[2.0]["median_read"] >= 0.8 and rows[1.5]["median_read"] >= 0.85, rows
+    assert rows[2.0]["share_helps"] <= 0.05 and rows[1.5]["share_helps"] <= 0.05, rows
+    assert abs(rows[1.0]["median_read"] - 1) < 0.05 and rows[1.0]["share_ci_holds_1"] >= 0.9, rows[1.0]
+
+
+def test_measure_power_without_noise_is_the_ratio_of_interpolated_crossings_by_hand():
+    """No noise: every draw reads the same ratio. Both crossings of 80% of uniform's gain lie on the
+    first segment [0, 5120], read straight: x = 5120 * target_gain / gain at 5120, so arm / uniform =
+    f(5120) / f(2 * 5120) with f(r) = 1 - exp(-r / 2400), whatever the target (0.894, not 0.5)."""
+    (row,) = stats.measure_power(0.26, 0.48, 2400.0, 0.0, TOY_REASON_GRID, speedups=(2.0,), seeds=3, draws=5)
+    f = lambda r: 1 - math.exp(-r / 2400.0)
+    assert row["median_read"] == pytest.approx(f(5120) / f(10240), rel=1e-9)
+    assert row["share_faster"] == 1.0 and row["share_helps"] == 0.0  # exact: shares of 5 draws that all read the same
+
+
+def test_fit_rise_recovers_a_made_up_curve_and_calibrate_skips_a_curve_that_does_not_rise():
+    """fit_rise on 5 made-up uniform seeds (tau 5,000, noise 0.005) gets tau within 10% and start and
+    plateau within 0.01; an arm other than uniform is left out of the fit. calibrate on curves that
+    fall (plateau below start, as toy-strong's uniform does) computes no power and says why."""
+    rng = np.random.default_rng(0)
+
+    def runs(start, end, tau):
+        return [{"arm": arm, "seed": s, "rollouts": list(FINE_GRID), "avg_se": [0.005] * len(FINE_GRID),
+                 "acc": list(stats.rise_curve(FINE_GRID, start, end if arm == "uniform" else 0.9, tau)
+                             + rng.normal(0, 0.005, len(FINE_GRID)))}
+                for s in range(5) for arm in ("uniform", "other")]
+
+    fit = stats.fit_rise(runs(0.26, 0.48, 5000.0))
+    assert abs(fit["tau"] / 5000.0 - 1) < 0.1 and abs(fit["start"] - 0.26) < 0.01 and abs(fit["plateau"] - 0.48) < 0.01
+    assert fit["seeds"] == 5 and fit["grid"] == list(FINE_GRID) and fit["noise_se"] == pytest.approx(0.005)  # exact: the grid is copied
+    cal = stats.calibrate(runs(0.59, 0.56, 500.0), draws=5)
+    assert cal["rows"] is None and "does not rise" in cal["text"]
