@@ -19,6 +19,13 @@ no held-out evaluation runs (--eval-size 0). It uses whatever torch and transfor
     python gpu_check.py             # one CUDA GPU, ~5-8 min
     python gpu_check.py --tiny      # this script on a 2-layer model on CPU, < 1 min
     python gpu_check.py --use-peft  # the same with LoRA (train.py --use-peft, engines/lora.py): memory for 16-24 GB GPUs
+    python gpu_check.py --task arith --config qwen2.5-0.5b   # the real-LM lab's task and shapes (harness/arith.py:
+                                    # M 16 x G 8, 16 new tokens, prompts "What is 7 + 5? Reply with just the number.")
+                                    # on Qwen2.5-0.5B's (or --config qwen2.5-1.5b) architecture, ~1 min
+
+--task arith runs train.py with `--dataset arith` (the lab's problems for any model) at the lab's shapes,
+with a character tokenizer over printable ASCII (the toy's, wider) so the questions tokenize without a hub;
+the reward is the same seeded coin. docs/real-models.md gives the command with the real Qwen2.5-Instruct.
 
 vLLM is not part of this check (the lent GPU machines have no package index to install it);
 what only a GPU run can tell about the vLLM path is listed in the README.
@@ -44,14 +51,19 @@ from harness.paths import check_path
 QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN25_05B = dict(QWEN25_15B, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2)
+CONFIGS = {"qwen2.5-1.5b": QWEN25_15B, "qwen2.5-0.5b": QWEN25_05B}
+ASCII = [chr(c) for c in range(32, 127)]  # --task arith: every printable character, one token each
 TINY = dict(QWEN25_15B, vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2)
 
 
-def build_random_model(out: Path, config_kwargs: dict, dtype: torch.dtype) -> Path:
+def build_random_model(out: Path, config_kwargs: dict, dtype: torch.dtype, chars: list[str] | None = None) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = toy.build_tokenizer()
+    tokenizer = toy.build_tokenizer(chars) if chars else toy.build_tokenizer()
+    config_kwargs = dict(config_kwargs, vocab_size=max(config_kwargs["vocab_size"], len(tokenizer)))  # --tiny's 64 < ASCII's
     config = Qwen2Config(**config_kwargs, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
     torch.manual_seed(0)
@@ -102,11 +114,15 @@ class Watch:
 
 
 def run_once(model_dir: Path, run_dir: Path, M: int, opts, on_gpu: bool, budget_s: float):
-    flags = ["--model", str(model_dir), "--dataset", "toy", "--steps", str(opts.steps),
+    from harness import arith
+
+    task = ["--dataset", "arith", "--prompt-template", arith.PROMPT_TEMPLATE, "--train-size", "128"] \
+        if opts.task == "arith" else ["--dataset", "toy", "--prompt-template", "{question}"]
+    flags = ["--model", str(model_dir), *task, "--steps", str(opts.steps),
              "--prompts-per-step", str(M), "--num-generations", str(opts.num_generations),
              "--max-completion-length", str(opts.max_completion_length),
              "--micro-batch-size", str(opts.micro_batch_size),
-             "--generation-batch-size", str(opts.generation_batch_size), "--prompt-template", "{question}",
+             "--generation-batch-size", str(opts.generation_batch_size),
              "--prompt-format", "plain", "--eval-size", "0", "--eval-every", "0",
              "--output-dir", str(run_dir), "--no-progress", "--warmup-lr-steps", "0", "--seed", "0",
              # LoRA's lr: 10x full fine-tuning's, as train.py's default with --use-peft (cli.LORA_LR_FACTOR)
@@ -135,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-completion-length", type=int, default=None, help="T (GPU 1024; tiny 16)")
     ap.add_argument("--use-peft", action="store_true", help="LoRA r = 16 on all linear layers over a frozen "
                     "base (train.py --use-peft): only the adapter must move")
+    ap.add_argument("--task", choices=("toy", "arith"), default="toy",
+                    help="toy: the README's shapes on the toy's prompts; arith: the real-LM lab's task and shapes "
+                         "(M 16, G 8, T 16; harness/arith.py)")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="qwen2.5-1.5b",
+                    help="the architecture of the random model (not with --tiny)")
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--generation-batch-size", type=int, default=256)
     ap.add_argument("--max-minutes", type=float, default=8.0,
@@ -144,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = ap.parse_args(argv)
     small = dict(steps=2, prompts_per_step=4, num_generations=4, max_completion_length=16)
     readme = dict(steps=3, prompts_per_step=32, num_generations=16, max_completion_length=1024)
+    if opts.task == "arith":  # the lab's preset (cli.PRESETS["smollm2-arith"])
+        readme = small = dict(steps=3 if not opts.tiny else 2, prompts_per_step=16 if not opts.tiny else 4,
+                              num_generations=8 if not opts.tiny else 4, max_completion_length=16)
     for key, value in (small if opts.tiny else readme).items():
         if getattr(opts, key) is None:
             setattr(opts, key, value)
@@ -158,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     # --out '' is an error, not a silent temp dir (harness/paths.py)
     root = (check_path("--out", opts.out, "dir") if opts.out is not None
             else Path(tempfile.mkdtemp(prefix="coba-gpu-check-")))
-    model_dir = build_random_model(root / "model", TINY if opts.tiny else QWEN25_15B,
-                                   torch.bfloat16 if on_gpu else torch.float32)
+    model_dir = build_random_model(root / "model", TINY if opts.tiny else CONFIGS[opts.config],
+                                   torch.bfloat16 if on_gpu else torch.float32,
+                                   chars=ASCII if opts.task == "arith" else None)
     print(f"model built in {time.time() - t0:.0f} s; reward: a seeded coin per rollout (p = 0.5), see the docstring")
     M, attempt = opts.prompts_per_step, 0
     while True:
@@ -184,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     steps = [r for r in log if r["type"] == "train"]
     print(f"shapes: M = {M}, G = {opts.num_generations} (N = {M * opts.num_generations} rollouts a step), "
-          f"T = {opts.max_completion_length}" + ("  (the README's)" if not opts.tiny and M == 32 else ""))
+          f"T = {opts.max_completion_length}" + ("  (the README's)" if not opts.tiny and M == 32 else "")
+          + (", the real-LM lab's task (--dataset arith)" if opts.task == "arith" else ""))
     for r in steps:
         print(f"step {r['step']}: {r['step_seconds']:.1f} s (generate {r['gen_seconds']:.1f} s, "
               f"{r['completion_tokens'] / max(r['gen_seconds'], 1e-9):,.0f} rollout tokens/s), "

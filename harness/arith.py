@@ -61,6 +61,12 @@ def lab_name(model: str) -> str | None:
     return LAB if saved == LAB else None
 
 
+def is_task(args) -> bool:
+    """Whether a run trains and evaluates on this task: `--dataset arith` (any model), or the lab
+    (`--model smollm2-arith`, or one of its checkpoints) with its default `--dataset toy`."""
+    return args.dataset == "arith" or (args.dataset == "toy" and lab_name(args.model) is not None)
+
+
 def make_problem(rng: random.Random, level: int) -> dict:
     terms = LEVELS[level][1](rng)  # (a, op, b, op, c, ...): sums and one product, no precedence to mind
     answer = terms[0]

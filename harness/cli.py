@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(offline models committed under lab/, see toy.py), an alias ("
                    + ", ".join(MODEL_ALIASES) + ", smollm2-135m), the real-LM lab 'smollm2-arith' (SmolLM2-135M-"
                    "Instruct on graded arithmetic, harness/arith.py), a hub id or a local directory")
-    g.add_argument("--dataset", default="toy", help="'toy', an alias (" + ", ".join(DATASET_ALIASES)
+    g.add_argument("--dataset", default="toy", help="'toy' (the lab's own task), 'arith' (the real-LM lab's "
+                   "graded arithmetic, harness/arith.py, for any model), an alias (" + ", ".join(DATASET_ALIASES)
                    + "), a hub dataset name, or a local .jsonl/.json/.parquet file")
     g.add_argument("--question-field", default=None, help="column holding the question (dotted path ok)")
     g.add_argument("--answer-field", default=None, help="column holding the reference answer")

@@ -273,7 +273,7 @@ def load_data(args, counts: dict | None = None, need_train: bool = True) -> tupl
     rng = random.Random(SPLIT_SEED)
     held_out = 0
     eval_names = check_eval_names(args.eval_files)
-    if args.dataset == "toy" and arith.lab_name(args.model):  # the real-LM lab's own task (harness/arith.py)
+    if arith.is_task(args):  # the real-LM lab's graded arithmetic (harness/arith.py)
         train, test = arith.make_splits(n_train=args.train_size, n_test=args.eval_size)
         evals = {"heldout": test}
     elif args.dataset == "toy":
@@ -370,9 +370,9 @@ def data_identity(args, train: list[dict], evals: dict[str, list[dict]]) -> dict
         return {"file": path, "bytes": Path(path).stat().st_size, "sha256": file_sha256(Path(path))}
 
     ident = {}
-    if args.dataset == "toy":
+    if args.dataset in ("toy", "arith"):
         ident["toy"] = {"seed": 0, "n_train": args.train_size, "n_test": args.eval_size}
-        if arith.lab_name(args.model):
+        if arith.is_task(args):
             ident["toy"]["task"] = arith.LAB
         elif toy.task_of(toy.lab_name(args.model) or "toy") != "arith":
             ident["toy"]["task"] = toy.task_of(toy.lab_name(args.model))

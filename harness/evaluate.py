@@ -74,7 +74,7 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
     greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
     correct = np.array(sampled, dtype=float).reshape(-1, k) if k > 0 else None  # (n, k)
     result = accuracies(np.array(greedy, dtype=float), correct, k)
-    if arith.lab_name(args.model) and k > 0:  # the real-LM lab asks for just the number: format vs answers
+    if arith.is_task(args) and k > 0:  # the real-LM lab asks for just the number: format vs answers
         shown = dist.gather_object([arith.in_format(c) for c in many])
         result.update(format_split(np.array([x for part in shown for x in part], dtype=bool).reshape(-1, k),
                                    correct, k))

@@ -87,3 +87,23 @@ def test_a_few_real_steps_of_the_lab(tmp_path):
     assert (out / "checkpoint-2" / "run_config.json").exists()
     assert json.loads((out / "checkpoint-2" / "run_config.json").read_text())["model"] == arith.LAB
     assert summary is not None
+
+
+def test_the_task_for_any_model():
+    """`--dataset arith` puts any model (a GPU's Qwen2.5-Instruct) on the lab's task; the lab's own
+    `--model smollm2-arith` gets it with the default `--dataset toy`; the toys keep theirs."""
+    from argparse import Namespace
+
+    assert arith.is_task(Namespace(dataset="arith", model="Qwen2.5-0.5B-Instruct"))
+    assert arith.is_task(Namespace(dataset="toy", model=arith.LAB))
+    assert not arith.is_task(Namespace(dataset="toy", model="toy-reason"))
+    assert not arith.is_task(Namespace(dataset="gsm8k", model=arith.LAB))  # another dataset wins
+
+
+def test_gpu_check_covers_the_lab_task(tmp_path, capsys):
+    """gpu_check.py --task arith (the GPU recipe's wiring): the lab's problems through train.py with
+    --dataset arith on a random model, a character tokenizer over printable ASCII, the coin reward."""
+    import gpu_check
+
+    assert gpu_check.main(["--tiny", "--task", "arith", "--out", str(tmp_path)]) == 0
+    assert "the real-LM lab's task" in capsys.readouterr().out
