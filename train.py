@@ -17,8 +17,8 @@ rl_step below is one step, in the order of docs/method-sources.md §3, one call 
     8. log a JSONL line; evaluate; checkpoint (model, optimizer, RNG, tracker, sampler)
 
 Steps 1-4 are the paper's (PaperStep) unless an arm replaces one of them (arms/steps.py: the
-coba-oracle diagnostic's pass rates, our --probe, DAPO's refill; docs/arms.md); --allocator picks
-the rule of step 3 (arms/allocators.py). Beneath the loop, inside the generate and update calls:
+coba-oracle diagnostic's pass rates, our --probe, DAPO's refill, Knapsack-RL's estimate; docs/arms.md);
+--allocator picks the rule of step 3 (arms/allocators.py). Beneath the loop, inside the generate and update calls:
 generation by HF or vLLM (engines/rollout.py), LoRA (engines/lora.py), several processes under
 `torchrun --nproc_per_node N train.py` (engines/dist.py: each rank generates and trains on whole
 groups), exact resume (engines/checkpoint.py). The flags, presets and refusals are harness/cli.py's,
@@ -84,7 +84,7 @@ def allocate_step(args, rates: PassRates, alpha_t: float, beta_t: float) -> Allo
     budgets = allocators.allocate_budgets(args.allocator, rates.pass_rates, rates.seen, args.total_budget,
                                           args.min_budget, args.max_budget, alpha_t, beta_t,
                                           "adaptive" if args.tau == "adaptive" else tau,
-                                          solver=args.solver, knapsack_stats=rates.knapsack_stats)
+                                          solver=args.solver, **rates.allocator_inputs)
     return Allocation(rates.pass_rates, rates.seen, budgets, tau, rates.extra)
 
 
@@ -116,7 +116,7 @@ class PaperStep:
     def pass_rates(self, run: Run, roll: StepRollouts) -> PassRates:
         """2. p_i from each prompt's last visits (eq. 1; the prior 0.5 if unseen)."""
         idx = roll.prompt_idx
-        return PassRates(run.tracker.pass_rates(idx), run.tracker.seen(idx), run.tracker.knapsack.stats(idx))
+        return PassRates(run.tracker.pass_rates(idx), run.tracker.seen(idx))
 
     def allocate(self, run: Run, rates: PassRates, alpha_t: float, beta_t: float) -> Allocation:  # 3. B_i
         return allocate_step(run.args, rates, alpha_t, beta_t)
@@ -205,7 +205,6 @@ def rl_step(run: Run, step: int) -> dict:
     if run.reporter is not None and args.log_completions and got.completion_ids:  # a few rows to completions.jsonl
         run.reporter.log_completions(tracking.step_completions(step + 1, got, run.tokenizer, args.log_completions))
     group_reward = (successes / torch.tensor(budgets, dtype=torch.float32)).tolist()
-    theta = getattr(run.sampler, "last_draws", None)  # MoPPS: the chosen prompts' Thompson draws
     return {
         "type": "train", "step": step + 1, "rollouts": run.counters["rollouts"],
         "seconds": round(run.counters["seconds"], 3), "step_seconds": round(time.time() - t0, 3),
@@ -214,7 +213,7 @@ def rl_step(run: Run, step: int) -> dict:
         "tau": alloc.tau, "budgets": budgets, "pass_rates": [round(float(p), 4) for p in alloc.pass_rates],
         "seen": int(np.sum(alloc.seen)), "group_reward": [round(r, 4) for r in group_reward],
         "prompt_idx": roll.prompt_idx, "lr": run.scheduler.get_last_lr()[0], **lengths, **got.share.record(),
-        **({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),
+        **run.sampler.log_fields(),  # the prompt sampler's own (MoPPS: its Thompson draws)
         **dist.over_ranks(roll), **alloc.extra, **metrics,
     }
 

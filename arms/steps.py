@@ -11,12 +11,19 @@
     Probe        --probe (ours): step 4 draws B_low rollouts a prompt first, allocates on them
                  pooled with the last visits, then draws the rest
     DapoRefill   --dynamic-sampling (DAPO §3.2, a baseline): steps 1-4 in blocks of uniform GRPO
-                 until M groups carry signal (arms/dynamic_sampling.py)
+                 until M groups carry signal (arms/dynamic_sampling.py); its batch (DapoBatch)
+                 answers steps 5 and 8 with every generated group, the dropped ones included
+    KnapsackRates  --allocator knapsack (Knapsack-RL, a baseline): step 2 also hands step 3
+                 Knapsack-RL's own estimate of each prompt (arms/knapsack_stats.py), asked only here
 MoPPS's prompt choice (--prompt-selection mopps) needs no step of its own: it is the run's prompt
-sampler (harness/data.py), which step 1 asks for the next M prompts.
+sampler (harness/data.py), which step 1 asks for the next M prompts and whose log_fields() (its
+Thompson draws) the step's record carries. train.py's rl_step and PaperStep and engines/step_data.py
+name none of these arms (tests/test_layout.py).
 Tests: tests/test_regime.py (the oracle), tests/test_arms.py (--probe), tests/test_arms_dapo_mopps.py.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,11 +35,13 @@ from arms import dynamic_sampling, probe
 from engines import dist
 from engines.rollout import merge_groups
 from harness.evaluate import evaluate_inside
-from engines.step_data import Allocation, PassRates, StepBatch, StepRollouts
+from engines.step_data import Allocation, PassRates, StepBatch, StepRollouts, reward_fields
 
 
 def for_args(args, paper):
     """The steps 1-4 this run takes: the paper's (`paper`, a train.PaperStep), or an arm's."""
+    if args.allocator == "knapsack":  # beneath the others: --probe and the oracle hand their own estimate
+        paper = KnapsackRates(paper)
     if args.dynamic_sampling:
         return DapoRefill(paper)
     if args.probe:
@@ -72,11 +81,12 @@ class OracleRates(_Arm):
             torch.manual_seed(oracle_seed)
             _, rewards = self.paper.sample_and_reward(run, own, [K] * M, round_=0, seed=oracle_seed)
         p = np.array(rewards, dtype=float).reshape(M, K).mean(axis=1)  # (M,) prompt-major rows, K a prompt
-        return PassRates(p, np.ones(M, dtype=bool), (p, np.full(M, K)), {
+        return PassRates(p, np.ones(M, dtype=bool), {
             "oracle_rollouts": M * K, "oracle_seconds": round(own.gen_seconds, 3),
             # the tracker's p_i, what coba would allocate on (None: not seen yet, the prior)
             "stale_pass_rates": [round(float(q), 4) if seen else None for q, seen in
-                                 zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]})
+                                 zip(tracker.pass_rates(roll.prompt_idx), tracker.seen(roll.prompt_idx))]},
+            knapsack_inputs(run.args, lambda: (p, np.full(M, K))))
 
 
 class Probe(_Arm):
@@ -99,7 +109,8 @@ class Probe(_Arm):
         probe_ids, probe_rewards = self.paper.sample_and_reward(run, roll, probe_budgets, round_=0)
         probe_successes = np.add.reduceat(np.array(probe_rewards), np.arange(0, M * B_low, B_low))  # (M,)
         rates = PassRates(probe.probe_pass_rates(tracker, prompt_idx, probe_successes, B_low), np.ones(M, dtype=bool),
-                          probe.probe_knapsack_stats(tracker, prompt_idx, probe_rewards, B_low))
+                          allocator_inputs=knapsack_inputs(args, lambda: probe.probe_knapsack_stats(
+                              tracker, prompt_idx, probe_rewards, B_low)))
         alloc = self.paper.allocate(run, rates, alpha_t, beta_t)
         rest = [B - B_low for B in alloc.budgets]
         rest_ids, rest_rewards = self.paper.sample_and_reward(run, roll, rest, round_=1)
@@ -149,5 +160,40 @@ class DapoRefill(_Arm):
         p = tracker.pass_rates(roll.prompt_idx)
         alloc = Allocation(p, tracker.seen(roll.prompt_idx), kept["budgets"],
                            coba.resolve_tau(args.tau, p) if len(p) else 0.0)
-        return StepBatch(roll, alloc, dist.Share.of(alloc.budgets), kept["completion_ids"], kept["rewards"],
-                         [len(c) for c in kept["completion_ids"]], kept["lp_rows"], dapo=dyn)
+        return DapoBatch(roll, alloc, dist.Share.of(alloc.budgets), kept["completion_ids"], kept["rewards"],
+                         [len(c) for c in kept["completion_ids"]], kept["lp_rows"], dyn)
+
+
+@dataclass
+class DapoBatch(StepBatch):
+    """DAPO's batch: the kept groups are trained on (StepBatch's rows); what steps 5 and 8 record as
+    spent is every generated group of every block, the dropped ones included (dyn)."""
+    dyn: dynamic_sampling.DynamicBatch = None
+
+    def visits(self, successes, rewards) -> tuple:
+        """Every generated group as a visit, in generation order (the batch's own rows are not asked)."""
+        return self.dyn.visits()
+
+    def rollouts_spent(self) -> int:
+        return self.dyn.rollouts  # every block's
+
+    def spent_stats(self, rewards, stats) -> dict:
+        """reward and reward_std over every generated rollout, then DAPO's counts (DynamicBatch.accounting)."""
+        return {**reward_fields(torch.tensor(self.dyn.spent_rewards, dtype=torch.float32)), **self.dyn.accounting()}
+
+
+class KnapsackRates(_Arm):
+    """(Knapsack-RL, a baseline) Step 2 with Knapsack-RL's own estimate beside p_i: per prompt p_hat
+    and the rollouts recorded (arms/knapsack_stats.py, recorded beside the run's tracker), what
+    --allocator knapsack allocates on (arms/allocators.py)."""
+
+    def pass_rates(self, run, roll: StepRollouts) -> PassRates:
+        rates = self.paper.pass_rates(run, roll)
+        rates.allocator_inputs = {"knapsack_stats": run.tracker.knapsack.stats(roll.prompt_idx)}
+        return rates
+
+
+def knapsack_inputs(args, stats) -> dict:
+    """Step 3's keyword arguments for Knapsack-RL from an arm's own estimate (stats() -> (p_hat,
+    rollouts recorded)), asked only under --allocator knapsack; {} for every other allocator."""
+    return {"knapsack_stats": stats()} if args.allocator == "knapsack" else {}

@@ -4,8 +4,10 @@ whichever arm made them (train.PaperStep, or an arm of arms/steps.py).
 
 StepBatch also answers, for steps 5 and 8, what the step *spent*: the visits the tracker records
 (each generated group of B_i rollouts is one visit of its prompt, eq. 1), the rollouts counted
-against the budget, and the log's reward fields. For the paper's arm that is the batch itself; for
-DAPO's refill (arms/dynamic_sampling.py) it is every generated group, the dropped ones included.
+against the budget, and the log's reward fields. For the paper's arm that is the batch itself; an
+arm that spends more than it trains on answers with its own subclass (DAPO's refill: every generated
+group, the dropped ones included; arms/steps.py DapoBatch). Nothing here names an arm
+(tests/test_layout.py).
 """
 from __future__ import annotations
 
@@ -33,12 +35,13 @@ class StepRollouts:
 
 @dataclass
 class PassRates:
-    """Step 2's answer: p_i (eq. 1) and whether prompt i was seen before, Knapsack-RL's (p_hat,
-    rollouts recorded), and an arm's own log fields (the oracle's)."""
+    """Step 2's answer: p_i (eq. 1) and whether prompt i was seen before, an arm's own log fields
+    (the oracle's), and what the --allocator's rule reads beside them (Knapsack-RL: its own estimate,
+    arms/steps.py KnapsackRates): keyword arguments of arms/allocators.allocate_budgets."""
     pass_rates: np.ndarray  # (M,)
     seen: np.ndarray  # (M,) bool
-    knapsack_stats: tuple  # ((M,) p_hat, (M,) rollouts recorded)
     extra: dict = field(default_factory=dict)
+    allocator_inputs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -61,29 +64,25 @@ class StepBatch:
     rewards: list[float]  # (N,) every rank's rows' rewards, prompt-major
     row_lengths: list[int]  # (N,) every row's completion length
     lp_rows: list  # this rank's rows' sampler log-probs (HF without --sampler-logps: None each)
-    dapo: object = None  # DAPO's refill (arms/dynamic_sampling.DynamicBatch): every generated group
 
     def visits(self, successes: torch.Tensor, rewards: torch.Tensor) -> tuple:
         """Step 5's visits, prompt-major: (prompt ids, successes, B_i, each group's rewards)."""
-        if self.dapo is not None:  # every generated group, the dropped ones too, in generation order
-            return self.dapo.visits()
         budgets = self.alloc.budgets
         return self.roll.prompt_idx, successes.tolist(), budgets, [r.tolist() for r in rewards.split(budgets)]
 
     def rollouts_spent(self) -> int:
-        """Rollouts this step counts against the run's budget (every rank's N; DAPO: every block's)."""
-        return self.dapo.rollouts if self.dapo is not None else len(self.rewards)
+        """Rollouts this step counts against the run's budget (every rank's N)."""
+        return len(self.rewards)
 
     def spent_stats(self, rewards: torch.Tensor, stats: dict) -> dict:
         """The log's reward and zero-signal fields over every rollout this step spent: the batch
-        (stats: grpo.group_advantages' over it), or with DAPO every generated group, dropped ones
-        included, with DAPO's own counts (DynamicBatch.accounting)."""
-        if self.dapo is not None:
-            rewards = torch.tensor(self.dapo.spent_rewards, dtype=torch.float32)
-        spent = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0}
-        if self.dapo is not None:
-            return {**spent, **self.dapo.accounting()}
+        (stats: grpo.group_advantages' over it)."""
         n_groups = stats["num_groups"]
-        return {**spent, "frac_reward_zero_std": stats["zero_signal_groups"] / n_groups,
+        return {**reward_fields(rewards), "frac_reward_zero_std": stats["zero_signal_groups"] / n_groups,
                 "zero_signal_groups": stats["zero_signal_groups"], "zero_signal_rollouts": stats["zero_signal_rollouts"],
                 "step_rollouts": len(rewards), "step_groups": n_groups}
+
+
+def reward_fields(rewards: torch.Tensor) -> dict:
+    """The log's reward and reward_std over the rollouts a step spent (N,)."""
+    return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0}

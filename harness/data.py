@@ -471,6 +471,11 @@ class PromptSampler:
     def record(self, prompt_ids, successes, totals) -> None:
         """A fixed order learns nothing from the rollouts (MoPPSSampler does: the same call)."""
 
+    def log_fields(self) -> dict:
+        """The sampler's own fields of the step's log record (train.py's rl_step): none here
+        (MoPPSSampler: its Thompson draws)."""
+        return {}
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos}
 
@@ -515,7 +520,7 @@ def mopps_select(draws, M: int, target: float = MOPPS_TARGET) -> list[int]:
 
 
 class MoPPSSampler:
-    """PromptSampler's interface (next, record, state_dict) with MoPPS's choice inside: next(M)
+    """PromptSampler's interface (next, record, log_fields, state_dict) with MoPPS's choice inside: next(M)
     takes ratio * M candidates from a PromptSampler and keeps M by Thompson sampling; record()
     updates the posteriors from the same (prompt, successes, rollouts) visits CoBA's tracker gets."""
 
@@ -537,6 +542,10 @@ class MoPPSSampler:
         chosen = mopps_select(theta, M)
         self.last_draws = [float(theta[k]) for k in chosen]
         return [candidates[k] for k in chosen]
+
+    def log_fields(self) -> dict:
+        """The step's log record's mopps_theta: theta of the M chosen prompts at the last next()."""
+        return {"mopps_theta": [round(t, 4) for t in self.last_draws]}
 
     def record(self, prompt_ids, successes, totals) -> None:
         for i, s, n in zip(prompt_ids, successes, totals):

@@ -93,3 +93,56 @@ def test_train_py_functions_read_in_one_screen():
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60}
     assert not long, f"train.py functions over 60 lines: {long}"
     assert "def rl_step" in (ROOT / "train.py").read_text()
+
+
+# What names an arm: its flags' words (DAPO's --dynamic-sampling, Knapsack-RL's --allocator knapsack,
+# MoPPS's --prompt-selection, our --probe, the --pass-rate-source oracle diagnostic)
+ARM_WORDS = ("dapo", "dynamic_sampling", "knapsack", "mopps", "prompt_selection", "probe", "oracle",
+             "pass_rate_source")
+
+
+def arm_mentions(nodes) -> list[str]:
+    """Where these functions or classes name an arm in code (docstrings and comments may explain):
+    an identifier, attribute, argument or keyword containing an arm's word, a string that is not a
+    docstring containing one (a log key, `args.allocator == "knapsack"`), or a getattr with a default
+    or hasattr (asking an object whether it is some arm's)."""
+    found = []
+    for top in nodes:
+        docs = {id(n.body[0].value) for n in ast.walk(top) if isinstance(
+            n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for n in ast.walk(top):
+            words = {ast.Name: lambda: [n.id], ast.Attribute: lambda: [n.attr], ast.arg: lambda: [n.arg],
+                     ast.keyword: lambda: [n.arg or ""], ast.FunctionDef: lambda: [n.name],
+                     ast.ClassDef: lambda: [n.name], ast.alias: lambda: [n.name, n.asname or ""],
+                     ast.Constant: lambda: [n.value] if isinstance(n.value, str) and id(n) not in docs else []}
+            for w in words.get(type(n), list)():
+                if any(a in w.lower() for a in ARM_WORDS):
+                    found.append(f"line {n.lineno}: {w!r}")
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and (
+                    n.func.id == "hasattr" or (n.func.id == "getattr" and len(n.args) > 2)):
+                found.append(f"line {n.lineno}: {n.func.id}(...)")
+    return found
+
+
+def test_the_paper_loop_has_no_arm_branch():
+    """README 'Reading order' 5: rl_step has no arm branch, an arm replaces one of steps 1-4
+    (arms/steps.py). rl_step, PaperStep and every train.py function they call, and what the step
+    hands on (engines/step_data.py), name no arm: DAPO's spending is its own StepBatch (DapoBatch),
+    Knapsack-RL's estimate its own step 2 (KnapsackRates), MoPPS's draws its sampler's log_fields()."""
+    tree = ast.parse((ROOT / "train.py").read_text())
+    top = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    reached, todo = {}, ["rl_step", "PaperStep"]
+    while todo:  # the loop and the train.py functions it reaches
+        name = todo.pop()
+        if name in top and name not in reached:
+            reached[name] = top[name]
+            todo += [n.id for n in ast.walk(top[name]) if isinstance(n, ast.Name)]
+    assert {"rl_step", "PaperStep", "allocate_step", "sample_and_reward", "learn"} <= reached.keys()
+    assert not arm_mentions(reached.values()), f"train.py's loop names an arm: {arm_mentions(reached.values())}"
+    step_data = [ast.parse((ROOT / "engines" / "step_data.py").read_text())]
+    assert not arm_mentions(step_data), f"engines/step_data.py names an arm: {arm_mentions(step_data)}"
+    # the check sees the branches it is there for
+    assert arm_mentions([ast.parse('def f(run, got):\n    """DAPO"""\n    x = got.dapo\n'
+                                   '    getattr(run.sampler, "last_draws", None)\n    return {"mopps_theta": x}')]) \
+        == ["line 3: 'dapo'", "line 4: getattr(...)", "line 5: 'mopps_theta'"]
