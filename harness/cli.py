@@ -79,10 +79,10 @@ PRESETS = {
     # smollm2-arith: the real-LM lab (harness/arith.py), SmolLM2-135M-Instruct through its chat template
     # on four levels of arithmetic, "just the number", verify.py's reward with the last-number fallback.
     # Sized so that a run is well under an hour on one CPU thread (docs/real-models.md "The real-LM lab").
-    arith.LAB: dict(learning_rate=LAB_LR, max_completion_length=16, num_generations=8, prompts_per_step=16,
-                    steps=40, eval_every=8, save_every=8, prompt_template=arith.PROMPT_TEMPLATE,
+    arith.LAB: dict(learning_rate=LAB_LR, max_completion_length=10, num_generations=8, prompts_per_step=8,
+                    steps=32, eval_every=8, save_every=8, prompt_template=arith.PROMPT_TEMPLATE,
                     last_number_fallback=True, threads=1, warmup_lr_steps=0, micro_batch_size=64,
-                    generation_batch_size=512, eval_size=arith.HELD_OUT, eval_samples=8, train_size=128,
+                    generation_batch_size=512, eval_size=arith.HELD_OUT, eval_samples=8, train_size=64,
                     max_budget=32),
     "hub": dict(train_size=1024, learning_rate=1e-6, max_completion_length=1024, num_generations=16,
                 prompts_per_step=32, steps=200, eval_every=20, save_every=20,
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-size", type=int, default=None, help="held-out problems (toy: 1024); sliced "
                    "from a file without a test split, at most a fifth of it")
     g.add_argument("--train-size", type=int, default=None,
-                   help="training pool size for the labs (toy: 1024, smollm2-arith: 256) (revisited each epoch: pass rates need "
+                   help="training pool size for the labs (toy: 1024, smollm2-arith: 64) (revisited each epoch: pass rates need "
                         "an earlier visit, docs/method-sources.md §3)")
     g.add_argument("--prompt-template", default=None,
                    help="format of the user turn; toy: '{question}', else adds the \\boxed{} instruction")

@@ -51,15 +51,15 @@ def test_lab_preset_and_checkpoint_keep_it(tmp_path):
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(["--model", arith.LAB, "--output-dir", str(tmp_path / "a")]), ap)
     assert args.prompt_template == arith.PROMPT_TEMPLATE and args.last_number_fallback
-    assert (args.prompts_per_step, args.num_generations, args.train_size, args.eval_size) == (16, 8, 128, 256)
-    assert args.total_budget == 128 and args.max_budget == 32
+    assert (args.prompts_per_step, args.num_generations, args.train_size, args.eval_size) == (8, 8, 64, 256)
+    assert args.total_budget == 64 and args.max_budget == 32 and args.max_completion_length == 10
     assert args.learning_rate == pytest.approx(2e-5)
     ckpt = tmp_path / "checkpoint-8"  # a checkpoint of the lab keeps the lab's task and preset
     ckpt.mkdir()
     (ckpt / "run_config.json").write_text(json.dumps({"model": arith.LAB}))
     assert arith.lab_name(str(ckpt)) == arith.LAB and arith.lab_name("smollm2-135m") is None
     args = train.resolve_args(ap.parse_args(["--model", str(ckpt), "--output-dir", str(tmp_path / "b")]), ap)
-    assert args.prompt_template == arith.PROMPT_TEMPLATE and args.train_size == 128
+    assert args.prompt_template == arith.PROMPT_TEMPLATE and args.train_size == 64
     # the toy keeps its pool
     args = train.resolve_args(ap.parse_args(["--output-dir", str(tmp_path / "c")]), ap)
     assert args.train_size == 1024
