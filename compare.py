@@ -444,6 +444,9 @@ def summarise_run(arm: str, seed: int, log: list[dict]) -> dict:
         "pass": [r[f"heldout_pass@{k}"] for r in evals] if has_avg else None,
         "final_pass": float(evals[-1][f"heldout_pass@{k}"]) if has_avg else None,
         "avg_se": [r.get(f"heldout_avg@{k}_se") for r in evals] if has_avg else None,
+        # the real-LM lab's split (harness/arith.py): share of samples in the asked format, right when in it
+        **({key: [r[f"heldout_{key}@{k}"] for r in evals] for key in ("format", "acc_in_format")}
+           if has_avg and all(f"heldout_format@{k}" in r for r in evals) else {}),
         "zero_signal_group_share": sum(r["zero_signal_groups"] for r in train) / groups,
         "zero_signal_rollout_share": sum(r["zero_signal_rollouts"] for r in train) / rollouts,
         "train_seconds": train[-1]["seconds"], "total_rollouts": train[-1]["rollouts"],

@@ -499,6 +499,58 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(spearmanr(x, y).statistic) if len(x) >= 3 else float("nan")
 
 
+def learning_summary(runs: list[dict], arm: str) -> list[str]:
+    """The real-LM lab's learning, one arm's seeds (runs.jsonl rows): held-out avg@k at each evaluation
+    (mean over seeds, with each evaluation's own standard error over problems averaged), the gain
+    final - start with its 95% t interval over seeds, and, where logged, the format split at the start
+    and the end: how often samples were just the number, and how often right when they were."""
+    from harness.stats import paired_t
+
+    mine = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
+    if not mine:
+        return [f"{arm}: no runs"]
+    k = mine[0].get("pass_k")
+    acc = np.array([r["acc"] for r in mine])  # (seeds, evaluations)
+    se = np.array([r.get("avg_se") or [float("nan")] * acc.shape[1] for r in mine], float)
+    lines = [f"{arm}, {len(mine)} seeds ({', '.join(str(r['seed']) for r in mine)}): held-out avg@{k} by rollouts"]
+    for j, x in enumerate(mine[0]["rollouts"]):
+        lines.append(f"  {x:>6.0f} rollouts: {acc[:, j].mean():.3f} (seeds {', '.join(f'{a:.3f}' for a in acc[:, j])};"
+                     f" one evaluation's SE {np.nanmean(se[:, j]):.3f})")
+    gain = paired_t(acc[:, -1] - acc[:, 0])
+    lines.append(f"  gain final - start: {gain['mean']:+.3f} [95% CI {gain['lo']:+.3f}, {gain['hi']:+.3f}] over "
+                 f"{gain['n']} seeds")
+    if all("format" in r for r in mine):
+        fmt, right = np.array([r["format"] for r in mine]), np.array([r["acc_in_format"] for r in mine])
+        lines.append(f"  in the asked format (just the number): {fmt[:, 0].mean():.3f} -> {fmt[:, -1].mean():.3f};"
+                     f" right when in it: {right[:, 0].mean():.3f} -> {right[:, -1].mean():.3f}")
+    return lines
+
+
+def learning_figure(path: Path, runs: list[dict]) -> Path:
+    """Held-out avg@k against rollouts, a line per seed and arm (left), and the share of samples in the
+    asked format (right, where logged): the real-LM lab's figure (README)."""
+    plt = _plt()
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    colors = {arm: f"C{i}" for i, arm in enumerate(arms)}
+    with_format = all("format" in r for r in runs)
+    fig, axes = plt.subplots(1, 2 if with_format else 1, figsize=(10 if with_format else 5.5, 4), squeeze=False)
+    for r in sorted(runs, key=lambda r: (arms.index(r["arm"]), r["seed"])):
+        k = r.get("pass_k")
+        first = r["seed"] == min(q["seed"] for q in runs if q["arm"] == r["arm"])
+        axes[0, 0].plot(r["rollouts"], r["acc"], "o-", color=colors[r["arm"]], alpha=0.8, ms=3,
+                        label=r["arm"] if first else None)
+        if with_format:
+            axes[0, 1].plot(r["rollouts"], r["format"], "o--", color=colors[r["arm"]], alpha=0.8, ms=3,
+                            label=r["arm"] if first else None)
+    axes[0, 0].set(xlabel="training rollouts", ylabel=f"held-out avg@{k}", title="accuracy, a line per seed")
+    axes[0, 0].legend()
+    if with_format:
+        axes[0, 1].set(xlabel="training rollouts", ylabel=f"share of the {k} samples", ylim=(0, 1),
+                       title="in the asked format (just the number)")
+        axes[0, 1].legend()
+    return _save(fig, path)
+
+
 def plot_run_safely(run_dir) -> list[Path]:
     """train.py's end-of-run call: the run is finished and saved by now, so a figure that fails is
     reported in one line, not raised (`python plots.py RUN_DIR` redoes them)."""
@@ -520,9 +572,27 @@ def main(argv: list[str] | None = None) -> list[Path]:
                     help="draw held-out gain against prompts carrying signal per step, one point per committed "
                          "run of every sweep under --results, into PATH")
     ap.add_argument("--results", default="results", help="where --mechanism-figure finds the sweeps' runs.jsonl")
+    ap.add_argument("--learning", metavar="TABLE_DIR", default=None,
+                    help="a compare.py table directory (its runs.jsonl): print each arm's held-out curve, its gain "
+                         "with a 95%% CI over seeds and the format split, and draw TABLE_DIR/learning.png "
+                         "(the real-LM lab: results/real-lm-smollm2-arith)")
     args = ap.parse_args(argv)
-    if not args.run_dirs and args.method_figure is None and args.mechanism_figure is None:
-        ap.error("pass RUN_DIR (a train.py --output-dir), --method-figure PATH or --mechanism-figure PATH")
+    if not args.run_dirs and args.method_figure is None and args.mechanism_figure is None and args.learning is None:
+        ap.error("pass RUN_DIR (a train.py --output-dir), --method-figure PATH, --mechanism-figure PATH or "
+                 "--learning TABLE_DIR")
+    if args.learning is not None:
+        check_path("--learning", args.learning, "dir", exists=True)
+        store = Path(args.learning) / "runs.jsonl"
+        if not store.is_file():
+            ap.error(f"--learning {args.learning}: no runs.jsonl there (compare.py writes it as runs finish)")
+        runs = [json.loads(line) for line in store.read_text().splitlines() if line.strip()]
+        runs = [r for r in runs if r.get("type") == "run"]
+        for arm in dict.fromkeys(r["arm"] for r in runs):
+            print(*learning_summary(runs, arm), sep="\n")
+        drawn = learning_figure(Path(args.learning) / "learning.png", runs)
+        print(f"{drawn}")
+        if args.method_figure is None and args.mechanism_figure is None and not args.run_dirs:
+            return [drawn]
     if args.mechanism_figure is not None:
         check_path("--mechanism-figure", args.mechanism_figure, "file")
         check_path("--results", args.results, "dir", exists=True)

@@ -107,3 +107,19 @@ def test_gpu_check_covers_the_lab_task(tmp_path, capsys):
 
     assert gpu_check.main(["--tiny", "--task", "arith", "--out", str(tmp_path)]) == 0
     assert "the real-LM lab's task" in capsys.readouterr().out
+
+
+def test_learning_summary_and_figure_by_hand(tmp_path):
+    """plots.py --learning: the gain final - start with its 95% t interval over seeds, and the format split."""
+    import plots
+
+    rows = [{"type": "run", "arm": "coba", "seed": s, "pass_k": 8, "rollouts": [0.0, 512.0],
+             "acc": [0.1, 0.1 + g], "avg_se": [0.01, 0.02], "format": [0.05, f], "acc_in_format": [0.2, 0.6]}
+            for s, (g, f) in enumerate([(0.1, 0.5), (0.2, 0.7), (0.3, 0.9)])]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = plots.learning_summary(rows, "coba")
+    # gains 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t_.975(2) = 4.303 -> half-width 4.303 * 0.1 / sqrt(3) = 0.248
+    assert "gain final - start: +0.200 [95% CI -0.048, +0.448] over 3 seeds" in "\n".join(lines)
+    assert "just the number): 0.050 -> 0.700; right when in it: 0.200 -> 0.600" in "\n".join(lines)
+    drawn = plots.main(["--learning", str(tmp_path)])
+    assert drawn == [tmp_path / "learning.png"] and drawn[0].stat().st_size > 0
