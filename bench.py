@@ -86,7 +86,38 @@ SHAPES = {  # M prompts, G rollouts each, T new tokens, micro-batch, prompt leng
                        config=dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=8192)),
     "real": dict(M=4, G=16, T=200, micro=8, prompt_len=384, lr=1e-6, repeats=2, steps=1, config={}),
+    # the real-LM lab (train.py --model smollm2-arith): M, G, T, micro-batch and lr are read from its
+    # preset, harness/cli.PRESETS["smollm2-arith"], by shape_spec; eval: problems timed for the eval's cost
+    "smollm2-arith": dict(preset="smollm2-arith", prompt_len=None, repeats=1, steps=1, warmup=0, eval_problems=16),
 }
+
+
+def shape_spec(shape: str, opts=None) -> dict:
+    """SHAPES[shape], a lab's preset filled in (M, G, T, micro, lr, train_size), and -M/-G/-T overrides."""
+    spec = dict(SHAPES[shape])
+    if "preset" in spec:
+        from harness.cli import PRESETS
+
+        p = PRESETS[spec["preset"]]
+        spec.update(M=p["prompts_per_step"], G=p["num_generations"], T=p["max_completion_length"],
+                    micro=p["micro_batch_size"], lr=p["learning_rate"], train_size=p["train_size"],
+                    gen_batch=p["generation_batch_size"], eval_size=p["eval_size"], eval_samples=p["eval_samples"])
+    for key in ("M", "G", "T"):
+        if opts is not None and getattr(opts, key, None) is not None:
+            spec[key] = getattr(opts, key)
+    if opts is not None and getattr(opts, "eval_problems", None) is not None:
+        spec["eval_problems"] = opts.eval_problems
+    return spec
+
+
+def lab_args(spec: dict):
+    """The flags of the real-LM lab that harness/data.format_prompt and harness/evaluate.evaluate read."""
+    from harness import arith
+
+    return types.SimpleNamespace(model=arith.LAB, dataset="toy", prompt_template=arith.PROMPT_TEMPLATE, prompt_format="auto",
+                                 max_completion_length=spec["T"], generation_batch_size=spec["gen_batch"],
+                                 seed=0, eval_samples=spec["eval_samples"], last_number_fallback=True,
+                                 shared_prompt_prefill=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,6 +137,19 @@ def build(shape: str, device: torch.device):
         train_set, _ = toy.make_sum_splits() if shape == "toy-reason" else toy.make_splits()
         prompts = tok([r["question"] for r in train_set], add_special_tokens=False)["input_ids"]
         return model, tok, prompts, [r["answer"] for r in train_set], verify.rewards
+    if shape == "smollm2-arith":  # the lab as train.py runs it: the GGUF's weights, chat template, its pool
+        from harness import arith, data, models
+
+        spec = shape_spec(shape)
+        gguf = models.smollm2_gguf()
+        model, tok = models.load_gguf(str(gguf.parent), gguf.name)  # fp32 holding bf16 values, as the lab
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        train_set, _ = arith.make_splits(n_train=spec["train_size"])
+        texts = [data.format_prompt(r["question"], tok, lab_args(spec)) for r in train_set]
+        prompts = tok(texts, add_special_tokens=False)["input_ids"]
+        return model.to(device), tok, prompts, [r["answer"] for r in train_set], verify.rewards
     import gpu_check
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -123,22 +167,25 @@ def build(shape: str, device: torch.device):
     return model, tok, prompts, None, gpu_check.coin_rewards(0)
 
 
-def project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, spec, amp, seed):
-    """One uniform-budget GRPO step of train.py (rl_step's steps 3-7 with B_i = G) with `flags`."""
+def project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, spec, amp, seed, parts=None):
+    """One uniform-budget GRPO step of train.py (rl_step's steps 3-7 with B_i = G) with `flags`.
+    parts: a dict that receives the seconds of each part and the positions each ran (step_parts)."""
     import grpo
     import train
     from engines.rollout import collate, decode, generate_groups, sampler_logps_tensor
 
     sampler, shared_fwd, shared_prefill = flags
     M, G = len(prompts), spec["G"]
+    clock = Clock(parts)
     lps = []
-    with amp():
+    with amp(), clock("generate"):
         completions = generate_groups(model, tok, prompts, [G] * M, max_new_tokens=spec["T"], temperature=1.0,
                                       top_p=1.0, batch_size=M * G, logprobs_out=lps, hf_logprobs=sampler,
                                       share_prompt_prefill=shared_prefill)
     answers = ["0"] * (M * G) if answers is None else [a for a in answers for _ in range(G)]
-    rewards = torch.tensor(rewards_fn(decode(tok, completions), answers, last_number_fallback=True),
-                           dtype=torch.float32)  # (N,), the toy preset's verifier
+    with clock("reward"):
+        rewards = torch.tensor(rewards_fn(decode(tok, completions), answers, last_number_fallback=True),
+                               dtype=torch.float32)  # (N,), the toy preset's verifier
     group_ids = torch.arange(M).repeat_interleave(G)
     adv, _ = grpo.group_advantages(rewards, group_ids)
     ids, attn, cmask = collate([p for p in prompts for _ in range(G)], completions, tok.pad_token_id)
@@ -151,17 +198,246 @@ def project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, sp
                                  epsilon=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
                                  max_completion_length=spec["T"], max_grad_norm=1.0,
                                  shared_prompt_forward=shared_fwd)
-    train.policy_update(model, opt, sched, batch, args, gen_seed=seed, autocast=amp)
+    with clock("update"), update_probes(parts, opt):
+        train.policy_update(model, opt, sched, batch, args, gen_seed=seed, autocast=amp)
+    if parts is not None:
+        parts["completions"] = completions
     return len(completions)
+
+
+class Clock:
+    """`with clock(name):` adds the block's wall seconds to parts[name] and this process's CPU seconds
+    to parts["cpu " + name] (nothing when parts is None). On a machine shared with other jobs a
+    one-thread process's CPU seconds are close to its wall seconds on a quiet core; its wall seconds
+    are not."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            if self.parts is not None:
+                self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - t0
+                self.parts["cpu " + name] = self.parts.get("cpu " + name, 0.0) + time.process_time() - c0
+
+
+@contextlib.contextmanager
+def update_probes(parts, opt):
+    """While engines/update.policy_update runs: the seconds of its forwards (with and without gradient),
+    backwards and optimizer steps into parts, and the positions each forward ran through the decoder
+    stack and through lm_head (for the matmul-only reference). The log-prob functions are looked up
+    on their modules at call time, so wrapping the module attributes reaches them."""
+    if parts is None:
+        yield
+        return
+    import grpo
+    from speedups import shared_prompt
+
+    clock = Clock(parts)
+    saved = (grpo.per_token_logps, shared_prompt.per_token_logps_shared_prompt, torch.Tensor.backward,
+             opt.__dict__.get("step"), opt.__dict__.get("zero_grad"))
+
+    def forward(fn, shared):
+        def timed_forward(model, ids, attn, T, *a, **kw):
+            if parts.get("_inside"):  # the shared forward falling back on the plain one: counted once
+                return fn(model, ids, attn, T, *a, **kw)
+            parts["_inside"] = True
+            try:
+                return counted(fn, model, ids, attn, T, *a, **kw)
+            finally:
+                parts["_inside"] = False
+
+        def counted(fn, model, ids, attn, T, *a, **kw):
+            key = "update forward" if torch.is_grad_enabled() else "update no-grad forward"
+            stack, head = forward_positions(ids, attn, T, shared)
+            parts.setdefault(key + " positions", []).append((stack, head))
+            with clock(key):
+                return fn(model, ids, attn, T, *a, **kw)
+        return timed_forward
+
+    def backward(tensor, *a, **kw):
+        with clock("update backward"):
+            return saved[2](tensor, *a, **kw)
+
+    def wrap(name, fn):
+        def timed(*a, **kw):
+            with clock("optimizer"):
+                return fn(*a, **kw)
+        return timed
+
+    grpo.per_token_logps = forward(saved[0], False)
+    shared_prompt.per_token_logps_shared_prompt = forward(saved[1], True)
+    torch.Tensor.backward = backward
+    opt.step, opt.zero_grad = wrap("step", opt.step), wrap("zero_grad", opt.zero_grad)
+    try:
+        yield
+    finally:
+        grpo.per_token_logps, shared_prompt.per_token_logps_shared_prompt, torch.Tensor.backward = saved[:3]
+        for name, fn in (("step", saved[3]), ("zero_grad", saved[4])):
+            if fn is None:
+                opt.__dict__.pop(name, None)
+            else:
+                setattr(opt, name, fn)
+
+
+def forward_positions(ids, attn, T, shared) -> tuple[int, int]:
+    """(positions through the decoder stack, positions through lm_head) of one log-prob forward of
+    rows ids (n, L): the plain forward runs all n x L (logits_to_keep = T + 1 onto the vocabulary);
+    the shared-prompt one runs each distinct prompt's P columns once (1 logit) and n x (T - 1)
+    completion columns (grpo.per_token_logps, speedups/shared_prompt.py)."""
+    n, L = ids.shape
+    if not shared:
+        return n * L, n * (T + 1)
+    P = L - T
+    u = len(torch.unique(torch.cat([ids[:, :P], attn[:, :P]], 1), dim=0))
+    if u == n:
+        return n * L, n * (T + 1)
+    return u * P + n * (T - 1), u + n * (T - 1)
+
+
+def step_parts(model, tok, opt, sched, prompts, answers, rewards_fn, flags, spec, amp, seed, eval_records,
+               eval_args) -> dict:
+    """One step of `flags` split into parts (seconds), and the positions each part ran: prefill is
+    timed as the same generate with one new token (prefill + one sampled column), decode as the full
+    generate less that; the update's parts by update_probes; then one evaluation of len(eval_records)
+    held-out problems (harness/evaluate.evaluate: 1 greedy + k samples each)."""
+    from engines.rollout import generate_groups
+
+    parts = {}
+    M, G = len(prompts), spec["G"]
+    torch.manual_seed(seed)
+    with amp(), Clock(parts)("prefill"):
+        generate_groups(model, tok, prompts, [G] * M, max_new_tokens=1, temperature=1.0, top_p=1.0,
+                        batch_size=M * G, logprobs_out=[], hf_logprobs=flags[0], share_prompt_prefill=flags[2])
+    torch.manual_seed(seed)
+    with Clock(parts)("step"):
+        project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, spec, amp, seed, parts=parts)
+    for c in ("", "cpu "):
+        parts[c + "decode"] = max(parts[c + "generate"] - parts[c + "prefill"], 0.0)
+    N, P = M * G, max(map(len, prompts))
+    steps = max(map(len, parts["completions"]))  # generate's forwards: the prefill, then steps - 1 decodes
+    distinct = len({tuple(p) for p in prompts})
+    parts["prefill positions"] = ([(distinct * (P - 1), distinct), (N, N)] if flags[2] and P > 1 and distinct < N
+                                  else [(N * P, N)])
+    parts["decode positions"] = [(N, N)] * (steps - 1)
+    parts["decode steps"] = steps
+    if eval_records:
+        from harness.evaluate import evaluate
+
+        with amp(), Clock(parts)("eval"):
+            evaluate(model, tok, eval_records, eval_args)
+    return parts
+
+
+def matmul_seconds(model, calls, backward: bool = False) -> float:
+    """Seconds of the model's linear layers' matmuls alone for `calls`, a list of (positions through the
+    decoder stack, positions through lm_head), one per forward: x @ W.T of every nn.Linear in module
+    order (CPU seconds of this process, as Clock's), on the model's own weights (so the weights stream through the caches as in the model), x
+    random (positions, in_features); with backward also the input and weight gradients (g @ W and
+    g.T @ x: forward + backward = 3x the forward's FLOPs). Identical calls are timed once and counted
+    as many times. Attention scores, norms, activations, softmax and the optimizer are not matmuls
+    of a linear layer and are left out: the part's time over this is its overhead beyond the GEMMs."""
+    import collections
+    import torch.nn.functional as F
+
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    total = 0.0
+    with torch.no_grad():
+        for (stack, head_pos), count in collections.Counter(calls).items():
+            xs = {d: torch.randn(stack, d) for d in {m.in_features for m in linears}}
+            gs = {d: torch.randn(stack, d) for d in {m.out_features for m in linears}} if backward else {}
+            hx, hg = torch.randn(head_pos, head.in_features), torch.randn(head_pos, head.out_features) if backward else None
+            t0 = time.process_time()
+            for m in linears:
+                F.linear(xs[m.in_features], m.weight)
+                if backward:
+                    gs[m.out_features] @ m.weight
+                    gs[m.out_features].T @ xs[m.in_features]
+            F.linear(hx, head.weight)
+            if backward:
+                hg @ head.weight
+                hg.T @ hx
+            total += (time.process_time() - t0) * count
+    return total
+
+
+def print_parts(parts: dict, model, spec: dict, n_eval: int) -> dict:
+    """The parts' table: seconds, share of the step, matmul-only seconds, utilisation (matmuls alone /
+    part), positions. Returns {part: (seconds, matmul seconds or None)}."""
+    fwd = parts.get("update forward positions", [])
+    nograd = parts.get("update no-grad forward positions", [])
+    mm = {"prefill": matmul_seconds(model, parts["prefill positions"]),
+          "decode": matmul_seconds(model, parts["decode positions"]),
+          "update forward": matmul_seconds(model, fwd),
+          "update no-grad forward": matmul_seconds(model, nograd) if nograd else None}
+    mm["update backward"] = matmul_seconds(model, fwd, backward=True) - mm["update forward"]
+    mm["generate"] = mm["prefill"] + mm["decode"]
+    update_parts = ("update forward", "update no-grad forward", "update backward", "optimizer")
+    for c in ("", "cpu "):
+        parts[c + "update other"] = parts[c + "update"] - sum(parts.get(c + k, 0.0) for k in update_parts)
+    mm["update"] = sum(mm[k] or 0.0 for k in update_parts[:3])
+    pos = lambda calls: f"{sum(s for s, _ in calls)} stack / {sum(h for _, h in calls)} lm_head"
+    N = spec["M"] * spec["G"]
+    notes = {"prefill": f"generate with 1 new token; {pos(parts['prefill positions'])}",
+             "decode": f"{N} rows x {parts['decode steps'] - 1} steps; {pos(parts['decode positions'])}",
+             "reward": "decode to text + verify.rewards",
+             "update forward": f"{len(fwd)} micro-batch forwards; {pos(fwd)}" if fwd else "",
+             "update no-grad forward": f"pi_old; {pos(nograd)}" if nograd else "",
+             "update backward": "input + weight gradients: 2x the forward's matmuls",
+             "optimizer": "AdamW step + zero_grad, 2 mini-batches",
+             "update other": "loss, clip_grad_norm, metrics, batching"}
+    print(f"parts of one step (arm 'all three', train.py's default; prefill timed separately): {parts['step']:.1f} s "
+          f"wall, {parts['cpu step']:.1f} s CPU for the step. cpu: seconds of this process's CPU; matmuls: the "
+          f"part's linear-layer matmuls alone, CPU seconds (matmul_seconds); util.: matmuls / cpu")
+    print(f"{'part':<24}{'wall s':>8}{'cpu s':>8}{'share':>7}{'matmuls':>9}{'util.':>7}  positions / what")
+    table = {}
+    rows = ["prefill", "decode", "generate", "reward", "update forward", "update no-grad forward",
+            "update backward", "optimizer", "update other", "update"]
+    for k in rows:
+        if k not in parts or (k == "update no-grad forward" and not nograd):
+            continue
+        w, s, m = parts[k], parts["cpu " + k], mm.get(k)
+        table[k] = (w, s, m)
+        util = f"{m / s:>7.0%}" if m is not None and s > 0 else f"{'-':>7}"
+        print(f"{k:<24}{w:>8.2f}{s:>8.2f}{s / parts['cpu step']:>7.0%}{(f'{m:.2f}' if m is not None else '-'):>9}"
+              f"{util}  {notes.get(k, '')}")
+    if "eval" in parts:
+        per = parts["cpu eval"] / n_eval
+        table["eval"] = (parts["eval"], parts["cpu eval"], None)
+        print(f"{'eval':<24}{parts['eval']:>8.2f}{parts['cpu eval']:>8.2f}{'':>7}{'-':>9}{'-':>7}  {n_eval} held-out "
+              f"problems x (1 greedy + {spec['eval_samples']} samples): {per:.3f} CPU s a problem, ~"
+              f"{per * spec['eval_size']:.0f} CPU s at the lab's {spec['eval_size']} (= "
+              f"{per * spec['eval_size'] / parts['cpu step']:.1f} steps)")
+    return table
 
 
 class TrlArm:
     """TRL's GRPOTrainer in a subprocess (`bench.py trl-worker`), paused between timed samples:
-    it reports the seconds of each sample on stdout and waits for a line on stdin."""
+    it reports the seconds of each sample on stdout and waits for a line on stdin. At a lab shape
+    (smollm2-arith) the worker gets this process's model, saved with save_pretrained to a temporary
+    directory (the same fp32 weights), and the lab's formatted prompts and answers in a JSON file."""
 
-    def __init__(self, python: str, steps: int, total_samples: int):
+    def __init__(self, python: str, steps: int, total_samples: int, shape: str = "toy", spec: dict | None = None,
+                 model=None, tok=None, prompts: list[str] | None = None, answers: list[str] | None = None):
+        import json
+        import tempfile
+
         cmd = [python, os.path.join(REPO, "bench.py"), "trl-worker", "--steps", str(steps),
                "--samples", str(total_samples)]
+        self.tmp = None
+        if shape != "toy":
+            self.tmp = tempfile.TemporaryDirectory(prefix="coba-bench-trl-")
+            model.save_pretrained(self.tmp.name)
+            tok.save_pretrained(self.tmp.name)
+            with open(os.path.join(self.tmp.name, "bench_prompts.json"), "w") as f:
+                json.dump({"prompts": prompts, "answers": answers, "M": spec["M"], "G": spec["G"], "T": spec["T"],
+                           "micro": spec["micro"], "lr": spec["lr"]}, f)
+            cmd += ["--model-dir", self.tmp.name]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
                                      env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"})
 
@@ -172,13 +448,16 @@ class TrlArm:
             line = self.proc.stdout.readline()
             if not line:
                 raise SystemExit("error: the TRL worker stopped (run it alone: python bench.py trl-worker)")
-            if line.startswith("BENCH "):
-                return float(line.split()[1])
+            if line.startswith("BENCH "):  # wall seconds, and CPU seconds when the worker sends them
+                fields = [float(x) for x in line.split()[1:]]
+                return fields[0], (fields[1] if len(fields) > 1 else float("nan"))
 
     def close(self):
         with contextlib.suppress(Exception):
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
 
 def step(opts) -> dict:
@@ -188,14 +467,18 @@ def step(opts) -> dict:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(opts.threads)
     device = torch.device(opts.device)
-    spec = SHAPES[opts.shape]
+    spec = shape_spec(opts.shape, opts)
     opts.repeats = opts.repeats or spec["repeats"]
     opts.steps = opts.steps or spec["steps"]
+    opts.warmup = spec.get("warmup", 1) if opts.warmup is None else opts.warmup
+    opts.cpu_time = opts.shape == "smollm2-arith" if opts.cpu_time is None else opts.cpu_time
     if opts.repeats < 1 or opts.steps < 1:
         raise SystemExit("error: --repeats and --steps must be >= 1")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda: no CUDA device here: use --device cpu")
+    t_load = time.perf_counter()
     model, tok, pool, answers_pool, rewards_fn = build(opts.shape, device)
+    t_load = time.perf_counter() - t_load
     amp = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda"
            else contextlib.nullcontext)
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0)
@@ -203,19 +486,21 @@ def step(opts) -> dict:
     arms = [a for a in ARMS if opts.arms is None or a in opts.arms]
     trl = None
     if opts.trl_python:
-        if opts.shape != "toy":
-            raise SystemExit("error: --trl-python runs only at --shape toy")
-        trl = TrlArm(opts.trl_python, opts.steps, opts.repeats + 1)
+        if opts.shape not in ("toy", "smollm2-arith"):
+            raise SystemExit("error: --trl-python runs only at --shape toy and smollm2-arith")
+        texts = tok.batch_decode(pool) if opts.shape != "toy" else None  # the lab's formatted prompts
+        trl = TrlArm(opts.trl_python, opts.steps, opts.repeats + opts.warmup, opts.shape, spec, model, tok, texts, answers_pool)
     M = spec["M"]
     times = {a: [] for a in arms + (["TRL GRPOTrainer"] if trl else [])}
+    cpu_rates = {a: [] for a in times}  # rollouts per CPU second of the arm's process
     loads = []
     k = 0
-    for r in range(opts.repeats + 1):  # repeat 0 warms every arm up and is not counted
+    for r in range(opts.repeats + opts.warmup):  # the first --warmup rounds warm every arm up, not counted
         for a in list(times):
             if a == "TRL GRPOTrainer":
-                seconds, rows = trl.sample(), opts.steps * M * spec["G"]
+                (seconds, cpu), rows = trl.sample(), opts.steps * M * spec["G"]
             else:
-                seconds, rows = 0.0, 0
+                seconds, rows, cpu = 0.0, 0, -time.process_time()
                 for _ in range(opts.steps):
                     idx = [(k * M + j) % len(pool) for j in range(M)]
                     k += 1
@@ -230,8 +515,10 @@ def step(opts) -> dict:
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                     seconds += time.perf_counter() - t0
-            if r > 0:
+                cpu += time.process_time()
+            if r >= opts.warmup:
                 times[a].append(rows / seconds)
+                cpu_rates[a].append(rows / cpu if cpu and cpu == cpu else float("nan"))
         loads.append(os.getloadavg()[0])
     if trl:
         trl.close()
@@ -239,7 +526,8 @@ def step(opts) -> dict:
         return f"{statistics.median(x / y for x, y in zip(times[a], times[ref])):.2f}" if ref in times else "-"
     print(f"shape {opts.shape}: M = {M}, G = {spec['G']}, {spec['T']} new tokens, 2 mini-batches, micro-batch "
           f"{spec['micro']}, {opts.threads} thread(s), {opts.device}; {opts.steps} step(s) per sample, median of "
-          f"{opts.repeats} interleaved samples; 1-min load average during the run {min(loads):.1f}-{max(loads):.1f}")
+          f"{opts.repeats} interleaved samples after {opts.warmup} warm-up round(s); 1-min load average during the "
+          f"run {min(loads):.1f}-{max(loads):.1f}")
     print("x plain, x TRL: median over rounds of the ratio to that arm measured in the same round")
     print(f"{'arm':<24}{'rollouts/s':>12}{'min':>9}{'max':>9}{'x plain':>9}{'x TRL':>8}")
     table = {}
@@ -247,8 +535,27 @@ def step(opts) -> dict:
         table[a] = statistics.median(rates)
         print(f"{a:<24}{table[a]:>12.1f}{min(rates):>9.1f}{max(rates):>9.1f}{paired(a, 'plain'):>9}"
               f"{paired(a, 'TRL GRPOTrainer'):>8}")
-    if opts.shape != "toy":
+    if opts.cpu_time:  # the same samples per CPU second: what a quiet core would give, on a loaded machine
+        times = cpu_rates
+        print("per CPU second of the arm's own process (time.process_time; 1 torch thread), same samples:")
+        print(f"{'arm':<24}{'rollouts/cpu-s':>15}{'min':>9}{'max':>9}{'x plain':>9}{'x TRL':>8}")
+        for a, rates in cpu_rates.items():
+            table[a + " (cpu)"] = statistics.median(rates)
+            print(f"{a:<24}{table[a + ' (cpu)']:>15.2f}{min(rates):>9.2f}{max(rates):>9.2f}{paired(a, 'plain'):>9}"
+                  f"{paired(a, 'TRL GRPOTrainer'):>8}")
+    if opts.shape in ("toy-reason", "real-small", "real"):
         print(paper_shares(model.config, spec, pool[:M]))
+    if opts.shape == "smollm2-arith":
+        from harness import arith
+
+        n_eval = spec["eval_problems"]
+        eval_records = arith.make_splits(n_train=spec["train_size"], n_test=spec["eval_size"])[1][:n_eval]
+        idx = [(k * M + j) % len(pool) for j in range(M)]
+        parts = step_parts(model, tok, opt, sched, [pool[i] for i in idx], [answers_pool[i] for i in idx],
+                           rewards_fn, ARMS["all three"], spec, amp, k + 1, eval_records, lab_args(spec))
+        print(f"model load (GGUF de-quantized): {t_load:.0f} s; "
+              f"load average now {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        table["parts"] = print_parts(parts, model, spec, n_eval)
     return table
 
 
@@ -280,8 +587,12 @@ def trl_worker(opts) -> None:
     """GRPOTrainer on the toy: 32 prompts x 8 generations a generation round, 2 optimizer steps of 128
     rows per round (steps_per_generation = 2), 8 new tokens, fp32, no gradient checkpointing, beta 0,
     DAPO loss with clip-higher. A callback pauses at every round boundary: prints "BENCH seconds" for
-    the last --steps rounds and waits for a line on stdin."""
-    import toy
+    the last --steps rounds and waits for a line on stdin. With --model-dir (a lab shape, written by
+    TrlArm): that directory's model and tokenizer, its bench_prompts.json's prompts (already formatted
+    with the chat template: TRL tokenizes them without special tokens, as the lab does), answers, M,
+    G, T, lr; the same two optimizer steps of M x G / 2 rows a round."""
+    import json
+
     import verify
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -291,11 +602,24 @@ def trl_worker(opts) -> None:
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
-    path = toy.ensure_toy_model(progress=False)
+    if opts.model_dir:
+        path = opts.model_dir
+        with open(os.path.join(path, "bench_prompts.json")) as f:
+            lab = json.load(f)
+        records = [{"prompt": p, "answer": a} for p, a in zip(lab["prompts"], lab["answers"])]
+        M, G, T, lr = lab["M"], lab["G"], lab["T"], lab["lr"]
+    else:
+        import toy
+
+        path = toy.ensure_toy_model(progress=False)
+        records = [{"prompt": r["question"], "answer": r["answer"]} for r in toy.make_splits()[0]]
+        M, G, T, lr = 32, 8, 8, 2e-4
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
-    train_set, _ = toy.make_splits()
-    data = Dataset.from_list([{"prompt": r["question"], "answer": r["answer"]} for r in train_set])
+    if opts.model_dir:  # as the lab loads it (harness/models.load_model_and_tokenizer)
+        tok.padding_side = "left"
+        tok.pad_token = tok.pad_token or tok.eos_token
+    data = Dataset.from_list(records)
 
     def reward(prompts, completions, answer, **kw):
         return verify.rewards(completions, answer, last_number_fallback=True)
@@ -311,19 +635,19 @@ def trl_worker(opts) -> None:
             if state.global_step % (2 * rounds_per_sample):
                 return
             if self.t0 is not None:
-                print(f"BENCH {time.perf_counter() - self.t0}", flush=True)
+                print(f"BENCH {time.perf_counter() - self.t0} {time.process_time() - self.c0}", flush=True)
             if state.global_step < 2 * total_rounds:
                 sys.stdin.readline()  # paused until the parent asks for the next sample
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_train_begin(self, args, state, control, **kw):
             sys.stdin.readline()
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
     config = GRPOConfig(output_dir="/tmp/coba-bench-trl", use_cpu=True, bf16=False, gradient_checkpointing=False,
-                        per_device_train_batch_size=128, steps_per_generation=2, num_generations=8,
-                        max_completion_length=8, temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo",
-                        epsilon=0.2, epsilon_high=0.28, learning_rate=2e-4, max_steps=2 * total_rounds,
+                        per_device_train_batch_size=M * G // 2, steps_per_generation=2, num_generations=G,
+                        max_completion_length=T, temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo",
+                        epsilon=0.2, epsilon_high=0.28, learning_rate=lr, max_steps=2 * total_rounds,
                         logging_steps=10 ** 6, save_strategy="no", report_to="none", seed=0,
                         disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
@@ -499,7 +823,16 @@ def main(argv=None):
                    help="timed samples per arm (median), after one warm-up (toy 3, real shapes 2)")
     s.add_argument("--steps", type=int, default=None, help="steps per timed sample (toy 3, real shapes 1)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    s.add_argument("--warmup", type=int, default=None,
+                   help="untimed warm-up rounds before the timed ones (default 1; smollm2-arith 0: a step is ~a minute)")
+    s.add_argument("--cpu-time", action=argparse.BooleanOptionalAction, default=None,
+                   help="also rollouts per CPU second of each arm's process (default: on for smollm2-arith)")
     s.add_argument("--arms", nargs="*", choices=list(ARMS), default=None, help="project arms (default: all)")
+    s.add_argument("-M", type=int, default=None, help="prompts a step (default: the shape's)")
+    s.add_argument("-G", type=int, default=None, help="rollouts a prompt (default: the shape's)")
+    s.add_argument("-T", type=int, default=None, help="max new tokens (default: the shape's)")
+    s.add_argument("--eval-problems", type=int, default=None,
+                   help="smollm2-arith: held-out problems whose evaluation is timed (0: none; default 16)")
     s.add_argument("--trl-python", default=None, metavar="PYTHON",
                    help="an interpreter with trl installed (e.g. /work/trl-venv/bin/python): adds TRL's "
                         "GRPOTrainer at the toy shape, run in a subprocess, interleaved with the other arms")
@@ -507,6 +840,7 @@ def main(argv=None):
     w = sub.add_parser("trl-worker", help=argparse.SUPPRESS)
     w.add_argument("--steps", type=int, default=3)
     w.add_argument("--samples", type=int, default=4)
+    w.add_argument("--model-dir", default=None, help="a lab shape's model, tokenizer and bench_prompts.json")
     w.set_defaults(func=trl_worker)
     g = sub.add_parser("generate", help="rollouts/s of HF generate vs the vLLM engine",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
