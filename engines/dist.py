@@ -88,6 +88,7 @@ def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
         backend = "nccl" if device_type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(ranks.local_rank)
+        import_before_group()
         tdist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
         global _STARTED
         _STARTED = True
@@ -96,15 +97,55 @@ def init(device_type: str, timeout_minutes: float = 30.0) -> Ranks:
 
 _STARTED = False  # did init() start the process group (not vLLM's in-process engine, which starts its own)?
 
+# torch modules that bind the live default group into default arguments when they are imported
+# (torch.distributed.nn.functional: `def broadcast(tensor, src, group=group.WORLD)` and 9 more; the
+# fsdp, DTensor and checkpoint imports below pull it in). Imported after init_process_group, they
+# keep the ProcessGroupGloo alive past destroy_process_group: its threads (pt_gloo_runloop x2,
+# gloo_tcp_loop) then run on into interpreter shutdown, and a rank could abort at exit with
+# "terminate called without an active exception" (SIGABRT; docs/testing.md, "Teardown under load").
+# Imported first, those defaults are None. `gathered`, `shard`, `full_state` import them lazily.
+_BIND_WORLD_AT_IMPORT = ("torch.distributed.nn", "torch.distributed.fsdp", "torch.distributed.tensor",
+                         "torch.distributed.checkpoint.state_dict")
+
+
+def import_before_group() -> None:
+    """Import _BIND_WORLD_AT_IMPORT while no process group exists (init calls it)."""
+    import importlib
+
+    for name in _BIND_WORLD_AT_IMPORT:
+        importlib.import_module(name)
+
 
 def teardown() -> None:
     """Destroy the process group init() started, and only that: vLLM's in-process CPU engine starts a
     one-process group of its own and destroys it at exit (destroying it here made that exit print
-    "ValueError: Invalid process group specified")."""
+    "ValueError: Invalid process group specified"). Nothing of ours holds the group, so this frees
+    it and joins gloo's threads before the interpreter exits (see _BIND_WORLD_AT_IMPORT)."""
     global _STARTED
     if _STARTED and tdist.is_initialized():
-        tdist.destroy_process_group()
+        release_vllm_groups()
+        if tdist.is_initialized():  # (vLLM's destroy_distributed_environment destroys it too)
+            tdist.destroy_process_group()
     _STARTED = False
+
+
+def release_vllm_groups() -> None:
+    """--use-vllm under torchrun: vLLM's external_launcher made its own groups inside our world, and
+    its GroupCoordinators (vllm.distributed.parallel_state) hold them, so destroy_process_group alone
+    would leave their gloo threads running into interpreter shutdown. vLLM's own cleanup, in its
+    order (cleanup_dist_env_and_memory: model-parallel groups, then its world group, then the
+    default group), before ours. Nothing if vLLM was never imported."""
+    import sys
+
+    ps = sys.modules.get("vllm.distributed.parallel_state")
+    if ps is None:
+        return
+    try:
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+    except Exception as e:  # noqa: BLE001 - the run is over: say it, and still destroy our group
+        print(f"warning: vLLM's process groups were not destroyed cleanly: {type(e).__name__}: {e}",
+              file=sys.stderr)
 
 
 def current() -> Ranks:
