@@ -44,9 +44,9 @@ M = [
     ('mopps-posterior-not-fed', 'train.py',
      '    run.sampler.record(*visits[:3])\n',
      '', ONE),
-    ('mopps-theta-not-logged', 'train.py',
-     '**({"mopps_theta": [round(t, 4) for t in theta]} if theta is not None else {}),',
-     '', ONE),
+    ('mopps-theta-not-logged', 'harness/data.py',
+     'return {"mopps_theta": [round(t, 4) for t in self.last_draws]}',
+     'return {}', ONE),
     # DAPO: blocks and dropped groups reaching the log (dynamic_sampling.DynamicBatch, arms/steps.py DapoRefill)
     ('dapo-kept-count', 'arms/dynamic_sampling.py',
      '"dapo_kept_groups": len(self.kept)',
