@@ -453,9 +453,14 @@ class TrlArm:
                 return fields[0], (fields[1] if len(fields) > 1 else float("nan"))
 
     def close(self):
+        """Every sample is in: the worker need not finish its run (saving, tear-down) on a busy machine."""
         with contextlib.suppress(Exception):
             self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        self.proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.kill()
         if self.tmp is not None:
             self.tmp.cleanup()
 
