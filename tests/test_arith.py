@@ -76,7 +76,7 @@ def test_a_few_real_steps_of_the_lab(tmp_path):
                           "--max-completion-length", "12", "--eval-size", "4", "--eval-samples", "2",
                           "--eval-every", "2", "--save-every", "2", "--no-progress", "--output-dir", str(out)])
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    steps = [r for r in log if r.get("type") == "step"]
+    steps = [r for r in log if r.get("type") == "train"]
     evals = [r for r in log if r.get("type") == "eval"]
     assert len(steps) == 2 and [e["step"] for e in evals] == [0, 2]
     for e in evals:
