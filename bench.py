@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import platform
 import random
@@ -264,6 +265,7 @@ def update_probes(parts, opt):
             return saved[2](tensor, *a, **kw)
 
     def wrap(name, fn):
+        @functools.wraps(fn)  # keeps LRScheduler's mark on the step it wrapped (else it warns)
         def timed(*a, **kw):
             with clock("optimizer"):
                 return fn(*a, **kw)

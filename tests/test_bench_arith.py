@@ -82,3 +82,30 @@ def test_bench_step_smollm2_arith_prints_its_fields(capsys):
         assert re.search(rf"^{part}\s+-?[\d.]+\s+-?[\d.]+\s+-?\d+%\s+-\s+-", out, re.M), part  # no matmul reference
     assert re.search(r"^eval\s.*2 held-out problems x \(1 greedy \+ 8 samples\): [\d.]+ CPU s a problem", out, re.M)
     assert "model load (GGUF de-quantized)" in out
+
+
+def test_step_parts_and_their_table_on_a_tiny_model(capsys):
+    """The parts' split and table of bench.py's smollm2-arith path, on a random Llama (no GGUF needed):
+    every part is timed, every matmul reference is there, shares are of the step."""
+    model = tiny_llama()
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token_id=1, batch_decode=lambda ids, **kw: ["7"] * len(ids))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    spec = dict(M=2, G=3, T=4, micro=4, eval_samples=8, eval_size=512)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    import contextlib
+    import verify
+
+    parts = bench.step_parts(model, tok, opt, sched, prompts, ["7", "8"], verify.rewards, bench.ARMS["all three"],
+                             spec, contextlib.nullcontext, 1, [], None)
+    assert parts["prefill positions"] == [(2 * 3, 2), (6, 6)]  # 2 distinct prompts' P - 1 columns, then 6 rows
+    assert len(parts["decode positions"]) == parts["decode steps"] - 1
+    table = bench.print_parts(parts, model, spec, 0)
+    out = capsys.readouterr().out
+    for part in ("prefill", "decode", "generate", "reward", "update forward", "update backward", "optimizer",
+                 "update other", "update"):
+        assert part in table and re.search(rf"^{part}\s", out, re.M), part
+    for part in ("prefill", "decode", "update forward", "update backward"):
+        wall, cpu, matmuls = table[part]
+        assert wall >= 0 and cpu >= 0 and matmuls > 0, part
+    assert "eval" not in table  # no problems given, no evaluation timed
