@@ -7,7 +7,7 @@ with each speed-up of train.py off and on, side by side in one run:
     shared-prompt-forward  each distinct prompt once in the loss forward (speedups/shared_prompt.py)
     shared-prompt-prefill  each distinct prompt prefilled once in generate (rollout.prefill_distinct_prompts)
     all three              train.py's default
-and, with --trl-python PYTHON, TRL's GRPOTrainer at the same shape in a subprocess (that
+and, with --trl-python PYTHON, TRL's GRPOTrainer at the same shape (toy, smollm2-arith) in a subprocess (that
 interpreter must have trl; TRL is never imported by the trainer or by this process). Repeats are
 interleaved (arm 1, arm 2, ..., arm 1, ...) so that a change in the machine's load hits every arm
 alike; each arm's number is the median over --repeats. All project arms share one model and one
@@ -23,8 +23,15 @@ Shapes (--shape):
                 M = 2 prompts of ~256 random tokens, G = 16, 128 new tokens, micro-batches of 8
     real        Qwen2.5-1.5B's full config, random weights, bf16 autocast, for one GPU (--device
                 cuda): M = 4 prompts of ~384 tokens, G = 16, 200 new tokens, micro-batches of 8; ~2-3 min on an H200
+    smollm2-arith  the real-LM lab (train.py --model smollm2-arith): SmolLM2-135M-Instruct from the GGUF,
+                the lab's chat-templated arithmetic prompts, verify.py's reward, M, G, T, micro-batch and lr
+                from its preset (harness/cli.PRESETS); also prints one step split into parts (prefill,
+                decode, reward, the update's forward, backward, AdamW, the rest, an evaluation's cost a
+                problem), each beside its linear-layer matmuls alone (matmul_seconds) and the ratio
+                (utilisation), and every arm's rollouts per CPU second (docs/speed.md "The real-LM lab's step")
 Random models reward each rollout with a seeded coin (gpu_check.coin_rewards); --shape real-small
 and real also print, on paper, the share of token positions each change removes at that shape.
+-M, -G, -T override a shape's sizes (tests/test_bench_arith.py runs smollm2-arith at M = 2, G = 2, T = 4).
 Writes nothing but stdout.
 
     python bench.py generate [--models toy smollm2-135m] [-M 8] [-G 8] [-T 48]
