@@ -265,6 +265,70 @@ def test_killed_rank_leaves_checkpoint_whole_and_resume_is_exact(sharding, tmp_p
 
 
 # ----------------------------------------------------------------------------------------------
+# Teardown: destroy_process_group frees the group and joins gloo's threads (docs/testing.md,
+# "Teardown under load"): no timing, only what is alive after teardown returns
+# ----------------------------------------------------------------------------------------------
+TEARDOWN = """
+import json, os, socket, sys
+sys.path.insert(0, sys.argv[1])
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+import torch
+from engines import dist
+
+def gloo_threads():
+    names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
+
+dist.init("cpu")
+running = gloo_threads()
+dist.is_sharded(torch.nn.Linear(2, 2))  # what every step does (gathered): imports torch.distributed.fsdp
+import torch.distributed.nn.functional as F
+assert F.broadcast.__defaults__[-1] is None, F.broadcast.__defaults__  # no live group bound at import
+dist.all_reduce_sums({"a": 1.0})
+dist.teardown()
+print(json.dumps([running, gloo_threads()]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc (Linux)")
+def test_teardown_joins_gloo_threads_before_the_interpreter_exits():
+    """A 1-rank gloo group as dist.init makes it, the lazy torch.distributed imports a step makes, then
+    dist.teardown: gloo's threads (pt_gloo_runloop, gloo_tcp_loop) were running, and none is left once
+    teardown returns (the ProcessGroupGloo destructor joins them). Before the fix,
+    torch.distributed.nn.functional, imported after init_process_group, bound the live group into
+    its default arguments, the group outlived destroy_process_group, and its threads ran on into
+    interpreter shutdown (a rank's SIGABRT at exit, 1 in 30 2-rank runs under load)."""
+    p = subprocess.run([sys.executable, "-c", TEARDOWN, str(ROOT)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    running, left = json.loads(p.stdout.strip().splitlines()[-1])
+    assert running and left == [], (running, left)
+
+
+def test_teardown_releases_vllms_groups_before_the_world(monkeypatch):
+    """--use-vllm under torchrun: vLLM's GroupCoordinators hold groups made inside our world; teardown
+    runs vLLM's own cleanup (model-parallel groups, then its world group) before destroying the
+    default group, which it destroys once. A stand-in parallel_state records the order."""
+    import types
+
+    calls = []
+    ps = types.SimpleNamespace(destroy_model_parallel=lambda: calls.append("vllm model parallel"),
+                               destroy_distributed_environment=lambda: calls.append("vllm world"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", ps)
+    monkeypatch.setattr(dist, "_STARTED", True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda group=None: calls.append("world"))
+    dist.teardown()
+    assert calls == ["vllm model parallel", "vllm world", "world"] and dist._STARTED is False
+    calls.clear()  # without vLLM: the world alone
+    monkeypatch.delitem(sys.modules, "vllm.distributed.parallel_state")
+    monkeypatch.setattr(dist, "_STARTED", True)
+    dist.teardown()
+    assert calls == ["world"]
+
+
+# ----------------------------------------------------------------------------------------------
 # What a step record and an evaluation take from each rank (issue 41.6), in one process
 # ----------------------------------------------------------------------------------------------
 def test_step_record_sums_verifier_counts_and_takes_the_slowest_generation(monkeypatch):
