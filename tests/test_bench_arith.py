@@ -16,6 +16,18 @@ import grpo
 from speedups import shared_prompt
 
 
+
+@pytest.fixture(autouse=True)
+def _hf_progress_bar_restored():
+    """bench.step turns transformers' progress bars off for the process (its table stays readable); a
+    test calling it in-process puts the setting back, or a later test's bars (test_train's
+    --no-progress check) would be silenced by this file."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    yield
+    (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
