@@ -475,10 +475,21 @@ class TrlArm:
 
 
 def step(opts) -> dict:
-    """Rollouts/s of each arm, interleaved repeats, medians; prints a table and returns it."""
+    """Rollouts/s of each arm, interleaved repeats, medians; prints a table and returns it.
+    transformers' progress bars are off while it runs and back as they were after (it may be called
+    inside a longer process: the tests)."""
     from transformers.utils import logging as hf_logging
 
+    was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    try:
+        return _step(opts)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _step(opts) -> dict:
     torch.set_num_threads(opts.threads)
     device = torch.device(opts.device)
     spec = shape_spec(opts.shape, opts)

