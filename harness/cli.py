@@ -284,6 +284,10 @@ def add_training_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--shared-prompt-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="speed, same tokens at the same seed: HF generate prefills each distinct prompt of a "
                         "generation batch once (rollout.prefill_distinct_prompts)")
+    g.add_argument("--grouped-kv-attention", action=argparse.BooleanOptionalAction, default=None,
+                   help="speed, same logits up to rounding: attention hands grouped KV heads to torch as they are "
+                        "instead of copying them per query head (speedups/grouped_kv.py; default: on for models "
+                        "with grouped KV heads on CPU, off on the toy labs)")
     g.add_argument("--last-number-fallback", action=argparse.BooleanOptionalAction, default=None,
                    help="verifier: take the last number when no \\boxed{} / #### / 'answer is' (toy: on)")
     g.add_argument("--use-vllm", action="store_true", help="generate with vLLM (GPU; colocated)")

