@@ -81,7 +81,7 @@ def test_no_file_imports_one_above_it():
     assert graph["coba"] == set(), "coba.py is the paper alone: Knapsack-RL's statistics are recorded beside its tracker"
     assert graph["verify"] == {"grading"}, "verify.py's one engine is its timeout pool (engines/grading.py)"
     for low in ("coba", "allocate", "grpo", "verify", "toy", "data", "models", "checkpoint", "dist", "lora",
-                "update", "sampler_correction", "shared_prompt",
+                "update", "sampler_correction", "shared_prompt", "grouped_kv", "top_p",
                 "allocators", "knapsack", "released", "lazy_heap", "threshold",
                 "dynamic_sampling", "cli", "evaluate", "stats", "sweep"):
         assert "train" not in graph[low] and "compare" not in graph[low], low
