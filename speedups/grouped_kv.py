@@ -57,6 +57,8 @@ def set_grouped_kv_attention(model, on: bool) -> bool:
 
     if model.config._attn_implementation not in ("sdpa", NAME) or not has_grouped_kv(model):
         return False
+    if not on and model.config._attn_implementation == "sdpa":
+        return False  # already off: nothing to register or switch
     AttentionInterface.register(NAME, attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # the masks sdpa gets: the same 4-D boolean ones
     model.set_attn_implementation(NAME if on else "sdpa")
