@@ -3,7 +3,8 @@
 The paper's evaluation samples k answers a problem at T = 1.0 with top-p 0.9 (avg@k, harness/evaluate.py).
 transformers' TopPLogitsWarper sorts every row's whole vocabulary at every decode step: for SmolLM2's
 49,152 tokens, 5.6 ms a row on one core of our 2-core AMD EPYC, more than that row's matmuls of a
-decode step (~4.8 ms at 135M parameters), so a third of the real-LM lab's evaluation went to sorting.
+decode step (~4.8 ms at 135M parameters): ~0.45 of the 1.67 CPU s a problem of the real-LM lab's
+evaluation (8 samples x 10 steps a problem).
 The nucleus is usually a handful of tokens, so only the top K are needed: torch.topk finds 256 of
 them in ~0.2 ms a row. K = 256 measured on the lab's evaluation (SmolLM2, T = 1, top-p 0.9, 2,560
 rows x steps): the nucleus held a median 7 tokens, more than 64 in 20% of rows, more than 256 in 3%
