@@ -315,3 +315,28 @@ def test_grouped_kv_attention_against_sdpa(model):
         plain = rollouts(model, seed=seed, share=True, logprobs=False)[0]
         assert rollouts(grouped, seed=seed, share=True, logprobs=False)[0] == plain
     assert not set_grouped_kv_attention(grouped, False) and grouped.config._attn_implementation == "sdpa"
+
+
+def test_eval_greedy_rows_start_from_their_own_prompts_cache(model, monkeypatch):
+    """The greedy rows' cache (a copy of the sampled rows' one, each prompt's first row) is their own
+    prompts' prefill: against a prefill of the greedy rows alone. Fails if the rows are picked wrong
+    (tried: firsts reversed, which the token comparison above let through on this tiny model)."""
+    seen = []
+    real = rollout._generate_batch
+
+    def spy(model_, ids, attn, config, stop, **extra):
+        if not config.do_sample:
+            seen.append((ids, attn, extra["past_key_values"].layers[0].keys.clone()))
+        return real(model_, ids, attn, config, stop, **extra)
+
+    monkeypatch.setattr(rollout, "_generate_batch", spy)
+    rollout.hf_generate_greedy_and_sampled(model, TOKENIZER, PROMPTS, 4, max_new_tokens=2, temperature=1.0,
+                                           top_p=0.9, batch_size=16)
+    (ids, attn, keys), = seen
+    assert ids.shape[0] == len(PROMPTS)
+    positions = (attn.cumsum(-1) - 1).masked_fill(attn == 0, 0)
+    with torch.no_grad():
+        own = model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=positions[:, :-1],
+                    use_cache=True).past_key_values.layers[0].keys
+    m = attn[:, :-1].bool()  # padded columns' keys are never attended to
+    torch.testing.assert_close(keys.transpose(1, 2)[m], own.transpose(1, 2)[m], rtol=0, atol=1e-5)
