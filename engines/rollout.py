@@ -124,6 +124,12 @@ class SampledTokenLogps:
         return torch.stack(self.columns, 1).tolist()  # (n, k)
 
 
+def takes_prefilled_cache(model) -> bool:
+    """Whether model.forward accepts a cache and explicit positions, which prefill_distinct_prompts
+    needs (transformers' causal LMs do; a bare test model may not, and then generation prefills as usual)."""
+    return {"past_key_values", "position_ids"} <= set(inspect.signature(model.forward).parameters)
+
+
 def prefill_distinct_prompts(model, ids: torch.Tensor, attn: torch.Tensor):
     """A KV cache of every row's prompt but its last token, computed once per distinct prompt.
 
@@ -164,8 +170,7 @@ def hf_generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: i
     model.eval()
     stop = eos_ids(model, tokenizer)
     config = sampling_config(stop, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, greedy)
-    accepted = set(inspect.signature(model.forward).parameters)
-    share_prompt_prefill = share_prompt_prefill and {"past_key_values", "position_ids"} <= accepted
+    share_prompt_prefill = share_prompt_prefill and takes_prefilled_cache(model)
     out: list[list[int]] = []
     for start in range(0, len(prompt_ids), batch_size):
         ids, attn = left_pad(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
@@ -218,7 +223,7 @@ def hf_generate_greedy_and_sampled(model, tokenizer, prompt_ids: list[list[int]]
     # temperature and top-p by speedups.top_p (no sort of the vocabulary), so not by generate's warpers too
     sample_config = sampling_config(stop, tokenizer.pad_token_id, max_new_tokens, 1.0, 1.0, greedy=False)
     nucleus = TopPByTopK(top_p, temperature)
-    cacheable = {"past_key_values", "position_ids"} <= set(inspect.signature(model.forward).parameters)
+    cacheable = takes_prefilled_cache(model)
     chunk = max(1, batch_size // k)
     greedy_out: list[list[int]] = []
     sampled_out: list[list[int]] = []
